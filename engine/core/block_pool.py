@@ -1,0 +1,152 @@
+"""The physical block pool: ref counts, the free queue and the hash → block map.
+
+Writer: only the KVCacheManager calls the mutating methods; every change is
+recorded as a protocol event in the shared EventLog.
+
+Free-queue policy (as vLLM's): blocks are reused from the head. A block whose
+ref count drops to 0 goes to the head if it has no hash (nothing worth keeping)
+and to the tail if it is cached, so cached blocks are evicted least recently
+used first. Freeing walks a table backwards, so a request's tail blocks reach
+the eviction end before its head blocks.
+"""
+
+from __future__ import annotations
+
+from engine.core.event_log import EventLog
+from engine.events.types import BlockCached, BlockEvicted, BlockFreed
+
+
+class Block:
+    """One physical block of ``block_size`` token slots (in every layer)."""
+
+    __slots__ = ("id", "ref_count", "hash", "parent_hash", "token_ids", "prev", "next")
+
+    def __init__(self, block_id: int) -> None:
+        self.id = block_id
+        self.ref_count = 0
+        self.hash: str | None = None
+        self.parent_hash: str | None = None
+        self.token_ids: tuple[int, ...] | None = None
+        self.prev: Block | None = None
+        self.next: Block | None = None
+
+    def __repr__(self) -> str:
+        return f"Block({self.id}, ref={self.ref_count}, hash={(self.hash or '-')[:8]})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks: O(1) push at either end, pop, and remove."""
+
+    def __init__(self, blocks: list[Block]) -> None:
+        self._head = Block(-1)  # sentinels
+        self._tail = Block(-2)
+        self._head.next, self._tail.prev = self._tail, self._head
+        self._len = 0
+        for b in blocks:
+            self.append(b)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _link(self, b: Block, before: Block) -> None:
+        assert b.prev is None and b.next is None, f"{b} is already in the free queue"
+        b.prev, b.next = before.prev, before
+        before.prev.next = b
+        before.prev = b
+        self._len += 1
+
+    def append(self, b: Block) -> None:
+        self._link(b, self._tail)
+
+    def appendleft(self, b: Block) -> None:
+        self._link(b, self._head.next)
+
+    def remove(self, b: Block) -> None:
+        assert b.prev is not None and b.next is not None, f"{b} is not in the free queue"
+        b.prev.next, b.next.prev = b.next, b.prev
+        b.prev = b.next = None
+        self._len -= 1
+
+    def popleft(self) -> Block:
+        if self._len == 0:
+            raise IndexError("no free block")
+        b = self._head.next
+        self.remove(b)
+        return b
+
+    def __contains__(self, b: Block) -> bool:
+        return b.prev is not None
+
+    def ids(self) -> list[int]:
+        out, b = [], self._head.next
+        while b is not self._tail:
+            out.append(b.id)
+            b = b.next
+        return out
+
+
+class BlockPool:
+    """``num_blocks`` blocks, all free at start, in id order."""
+
+    def __init__(self, num_blocks: int, log: EventLog) -> None:
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[str, Block] = {}
+        # parent hash → cached children, to explain misses that diverge mid-block
+        self.children: dict[str | None, set[Block]] = {}
+        self.log = log
+        self.num_evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def take(self) -> Block:
+        """Pop the head of the free queue (evicting its hash if cached); ref becomes 1."""
+        b = self.free_queue.popleft()
+        assert b.ref_count == 0
+        if b.hash is not None:
+            self.uncache(b)
+        b.ref_count = 1
+        return b
+
+    def touch(self, b: Block) -> None:
+        """Add a reference to an existing block (prefix hit or fork)."""
+        if b.ref_count == 0:
+            self.free_queue.remove(b)
+        b.ref_count += 1
+
+    def release(self, b: Block, request_id: str) -> None:
+        """Drop one reference; at zero the block joins the free queue."""
+        assert b.ref_count > 0, f"releasing {b} with no references"
+        b.ref_count -= 1
+        self.log.add(BlockFreed(self.log.step, b.id, request_id, b.ref_count))
+        if b.ref_count == 0:
+            if b.hash is None:
+                self.free_queue.appendleft(b)
+            else:
+                self.free_queue.append(b)
+
+    def cache(self, b: Block, block_hash: str, parent_hash: str | None,
+              token_ids: tuple[int, ...]) -> bool:
+        """Make a full block hittable; False if another block already holds this hash."""
+        if b.hash is not None or block_hash in self.cached:
+            return False
+        b.hash, b.parent_hash, b.token_ids = block_hash, parent_hash, token_ids
+        self.cached[block_hash] = b
+        self.children.setdefault(parent_hash, set()).add(b)
+        self.log.add(BlockCached(self.log.step, b.id, block_hash, parent_hash, token_ids))
+        return True
+
+    def uncache(self, b: Block) -> None:
+        """Drop a block's hash: an eviction."""
+        assert b.hash is not None
+        del self.cached[b.hash]
+        siblings = self.children.get(b.parent_hash)
+        if siblings is not None:
+            siblings.discard(b)
+            if not siblings:
+                del self.children[b.parent_hash]
+        self.log.add(BlockEvicted(self.log.step, b.id, b.hash))
+        self.num_evictions += 1
+        b.hash = b.parent_hash = b.token_ids = None

@@ -1,0 +1,71 @@
+"""Frozen, validated configs for the cache and the scheduler (plain Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.core.errors import ConfigError, KVCacheTooSmallError
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The physical KV pool: ``num_blocks`` blocks of ``block_size`` token slots."""
+
+    block_size: int = 16
+    num_blocks: int = 256
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 1024:
+            raise ConfigError(f"block_size must be an integer in [1, 1024], got {self.block_size!r}")
+        if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
+            raise ConfigError(f"num_blocks must be a positive integer, got {self.num_blocks!r}")
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits for one engine step and for sequences.
+
+    ``long_prefill_token_threshold`` (0 = off) caps one request's tokens per step.
+    ``max_waiting`` bounds the waiting queue (0 = unbounded).
+    """
+
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    max_waiting: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("long_prefill_token_threshold", "max_waiting"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{name} must be an integer >= 0 (0 = off), got {v!r}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"with chunked prefill disabled a whole prompt must fit in one step: "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len}); raise the budget, lower max_model_len, "
+                f"or enable chunked prefill"
+            )
+
+
+def check_capacity(cache: CacheConfig, sched: SchedulerConfig) -> None:
+    """Raise KVCacheTooSmallError when the pool cannot hold one max_model_len sequence."""
+    needed = -(-sched.max_model_len // cache.block_size)
+    if cache.num_blocks < needed:
+        raise KVCacheTooSmallError(
+            f"the KV cache has {cache.num_blocks} blocks of {cache.block_size} tokens "
+            f"({cache.num_slots} token slots), but one max_model_len={sched.max_model_len} "
+            f"sequence needs {needed} blocks; raise num_kv_blocks / kv_cache_memory "
+            f"(or gpu_memory_utilization), or lower max_model_len"
+        )

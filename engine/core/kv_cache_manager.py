@@ -1,0 +1,204 @@
+"""KVCacheManager: block tables, prefix caching and copy-on-write.
+
+Writer of every block table. It never touches tensors: copy-on-write pairs are
+recorded for the runner, which copies the K/V before the step's forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.block_pool import Block, BlockPool
+from engine.core.config import CacheConfig
+from engine.core.event_log import EventLog
+from engine.core.hashing import hash_block, hash_full_blocks
+from engine.core.request import Request
+from engine.events.types import (
+    BlockAllocated, CowCopy, PrefixCacheReset, PrefixHit, PrefixLookup, RequestForked,
+)
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """Result of a side-effect-free prefix lookup; misses in tokens, by cause."""
+
+    blocks: list[Block] = field(default_factory=list)
+    num_tokens: int = 0
+    num_query_tokens: int = 0
+    miss_cold: int = 0
+    miss_evicted: int = 0
+    miss_partial: int = 0
+    miss_disabled: int = 0
+
+
+class KVCacheManager:
+    def __init__(self, config: CacheConfig, log: EventLog) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.log = log
+        self.pool = BlockPool(config.num_blocks, log)
+        self.tables: dict[str, list[Block]] = {}
+        self.hashes: dict[str, list[str]] = {}  # chained hashes of a request's full blocks
+        self.num_hashed: dict[str, int] = {}  # how many table blocks went through cache()
+        self.ever_cached: set[str] = set()
+        self.cow_pairs: list[tuple[int, int]] = []
+        self.num_cow_copies = 0
+
+    # ---- lookup -------------------------------------------------------------
+
+    def lookup(self, req: Request) -> PrefixMatch:
+        """Longest cached run of full blocks, never covering the last token."""
+        n, bs = req.num_tokens, self.block_size
+        if not self.config.enable_prefix_caching:
+            return PrefixMatch(num_query_tokens=n, miss_disabled=n)
+        hashes = hash_full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
+        max_blocks = (n - 1) // bs  # the last token's logits are needed
+        m = PrefixMatch(num_query_tokens=n)
+        for h in hashes[:max_blocks]:
+            b = self.pool.cached.get(h)
+            if b is None:
+                break
+            m.blocks.append(b)
+        m.num_tokens = len(m.blocks) * bs
+        for i in range(len(m.blocks), n // bs):
+            if i >= max_blocks:
+                m.miss_partial += bs  # cached or not, this block holds the last token
+            elif hashes[i] in self.ever_cached:
+                m.miss_evicted += bs
+            elif i == len(m.blocks) and self._diverges_mid_block(req, i, hashes):
+                m.miss_partial += bs  # shared prefix ended inside this block
+            else:
+                m.miss_cold += bs
+        m.miss_partial += n % bs  # an unfinished block is never hashed
+        return m
+
+    def _diverges_mid_block(self, req: Request, i: int, hashes: list[str]) -> bool:
+        """True when a cached block with the same parent shares this block's start."""
+        parent = hashes[i - 1] if i else None
+        siblings = self.pool.children.get(parent)
+        if not siblings:
+            return False
+        first = req.token_ids[i * self.block_size]
+        return any(b.token_ids[0] == first for b in siblings)
+
+    # ---- allocation ---------------------------------------------------------
+
+    def blocks_needed(self, req: Request, num_new_tokens: int, match: PrefixMatch | None = None) -> int:
+        """Free blocks this allocation would take (new blocks + a copy-on-write + free hits)."""
+        table = self.tables.get(req.request_id, [])
+        computed = req.num_computed_tokens
+        have = len(table)
+        needed = 0
+        if match is not None and match.blocks:
+            computed, have = match.num_tokens, len(match.blocks)
+            needed += sum(1 for b in match.blocks if b.ref_count == 0)
+        total = -(-(computed + num_new_tokens) // self.block_size)
+        needed += max(0, total - have)
+        if self._needs_cow(table, computed):
+            needed += 1
+        return needed
+
+    def _needs_cow(self, table: list[Block], computed: int) -> bool:
+        i = computed // self.block_size
+        return i < len(table) and table[i].ref_count > 1
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, match: PrefixMatch | None = None) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of ``req``; False if the pool is short.
+
+        With ``match`` (a new admission) the hit blocks become the table's head and
+        the lookup is recorded. Nothing changes when this returns False.
+        """
+        if self.blocks_needed(req, num_new_tokens, match) > self.pool.num_free:
+            return False
+        rid, step = req.request_id, self.log.step
+        table = self.tables.setdefault(rid, [])
+        computed = req.num_computed_tokens
+        if match is not None:
+            assert not table, f"{rid} admitted with a non-empty table"
+            self.log.add(PrefixLookup(step, rid, match.num_query_tokens, match.num_tokens,
+                                      match.miss_cold, match.miss_evicted, match.miss_partial,
+                                      match.miss_disabled))
+            if match.blocks:
+                for b in match.blocks:
+                    self.pool.touch(b)
+                table.extend(match.blocks)
+                self.num_hashed[rid] = len(match.blocks)
+                self.log.add(PrefixHit(step, rid, tuple(b.id for b in match.blocks), match.num_tokens))
+            computed = match.num_tokens
+        if self._needs_cow(table, computed):
+            i = computed // self.block_size
+            src = table[i]
+            dst = self.pool.take()
+            table[i] = dst
+            self.pool.release(src, rid)
+            self.cow_pairs.append((src.id, dst.id))
+            self.num_cow_copies += 1
+            self.log.add(CowCopy(step, rid, src.id, dst.id, i))
+        total = -(-(computed + num_new_tokens) // self.block_size)
+        while len(table) < total:
+            b = self.pool.take()
+            table.append(b)
+            self.log.add(BlockAllocated(step, b.id, rid, len(table) - 1))
+        return True
+
+    def slot_mapping(self, req: Request, start: int, end: int) -> list[int]:
+        """Physical slot of each token position in [start, end)."""
+        table, bs = self.tables[req.request_id], self.block_size
+        return [table[p // bs].id * bs + p % bs for p in range(start, end)]
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.id for b in self.tables.get(request_id, ())]
+
+    # ---- caching, forks, freeing -------------------------------------------
+
+    def cache_full_blocks(self, req: Request) -> None:
+        """Hash blocks that became full of computed tokens (prompt or generated)."""
+        if not self.config.enable_prefix_caching:
+            return
+        rid, bs = req.request_id, self.block_size
+        table = self.tables.get(rid, [])
+        full = min(req.num_computed_tokens // bs, len(table))
+        start = self.num_hashed.get(rid, 0)
+        if full <= start:
+            return
+        hashes = hash_full_blocks(req.token_ids[: full * bs], bs, self.hashes.setdefault(rid, []))
+        for i in range(start, full):
+            parent = hashes[i - 1] if i else None
+            if self.pool.cache(table[i], hashes[i], parent, tuple(req.token_ids[i * bs:(i + 1) * bs])):
+                self.ever_cached.add(hashes[i])
+        self.num_hashed[rid] = full
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """The child shares every block of the parent, the partial last one included."""
+        table = self.tables[parent.request_id]
+        for b in table:
+            self.pool.touch(b)
+        cid = child.request_id
+        self.tables[cid] = list(table)
+        self.hashes[cid] = list(self.hashes.get(parent.request_id, []))
+        self.num_hashed[cid] = self.num_hashed.get(parent.request_id, 0)
+        self.log.add(RequestForked(self.log.step, cid, parent.request_id, tuple(b.id for b in table),
+                                   child.num_tokens, child.num_computed_tokens,
+                                   tuple(child.token_ids), child.arrival_index))
+
+    def free(self, req: Request) -> None:
+        """Release the request's blocks, tail first, so tails are evicted before heads."""
+        rid = req.request_id
+        for b in reversed(self.tables.pop(rid, [])):
+            self.pool.release(b, rid)
+        self.num_hashed.pop(rid, None)
+        if req.status.is_finished:
+            self.hashes.pop(rid, None)
+
+    def take_cow_pairs(self) -> list[tuple[int, int]]:
+        out, self.cow_pairs = self.cow_pairs, []
+        return out
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached hash (blocks in use keep their data). Returns how many."""
+        blocks = list(self.pool.cached.values())
+        for b in blocks:
+            self.pool.uncache(b)
+        self.pool.num_evictions -= len(blocks)  # a reset is not LRU pressure
+        self.log.add(PrefixCacheReset(self.log.step))
+        return len(blocks)
