@@ -20,8 +20,10 @@ Semantics the reducer relies on (writer: ``engine.core``):
 - ``request_forked``: a copy-on-write fork; the child's table is ``blocks`` (the
   parent's, including the partial last block), each gaining a reference.
 - ``cow_copy``: before writing into shared ``src`` (ref > 1) at
-  ``logical_index``, the request got fresh ``dst`` from the free queue (ref 1);
-  ``src`` loses that request's reference. The runner copies src → dst.
+  ``logical_index``, the request got fresh ``dst`` from the free queue (ref 1)
+  in place of ``src``. The request's reference to ``src`` is dropped by the
+  ``block_freed`` (src, new ref >= 1) that comes right before this event. The
+  runner copies src → dst before the step's forward.
 - ``request_progress``: absolute ``num_tokens``/``num_computed_tokens`` after the
   step's update, plus the tokens appended this step.
 """
@@ -119,7 +121,7 @@ class CowCopy(Event):
 
 @dataclass(frozen=True, slots=True)
 class PrefixCacheReset(Event):
-    """Every free cached block lost its hash (block_evicted events precede it)."""
+    """Every cached block, free or in use, lost its hash (block_evicted events precede it)."""
 
     type: ClassVar[str] = "prefix_cache_reset"
 

@@ -31,6 +31,7 @@ def step(s: Scheduler):
     sampled = {x.request_id: [fake_token(x.request_id, k, x.seq_len) for k in range(x.num_samples)]
                for x in out.scheduled}
     children, finished = s.update_from_output(out, sampled)
+    s.end_step()
     return out, children, finished
 
 

@@ -1,0 +1,64 @@
+"""StepRecord: one engine step as published and stored.
+
+It is the body of the ``step`` server message and one row of the ``steps``
+table. Writer: the engine builds one per step after ``update``; everything else
+(server, recorder, dashboard, replay) only reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.events.types import Event, event_from_dict
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """``seq`` counts step messages (+1 each, gaps mean loss); ``step`` is the engine
+    step number the events carry; ``ts`` is wall-clock seconds (time.time()) at the
+    end of the step; ``metrics`` is the dict from ``MetricsTracker.update``."""
+
+    seq: int
+    step: int
+    ts: float
+    events: list[Event] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seq, int) or self.seq < 0:
+            raise ValueError(f"seq must be an integer >= 0, got {self.seq!r}")
+        if not isinstance(self.step, int) or self.step < 0:
+            raise ValueError(f"step must be an integer >= 0, got {self.step!r}")
+        # Events may still be dicts when built by hand; normalise once here so
+        # every reader sees typed events.
+        self.events = [e if isinstance(e, Event) else event_from_dict(e) for e in self.events]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict: events as their ``to_dict`` form."""
+        return {
+            "seq": self.seq,
+            "step": self.step,
+            "ts": self.ts,
+            "events": [e.to_dict() for e in self.events],
+            "metrics": dict(self.metrics),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepRecord:
+        """Inverse of ``to_dict``; raises ValueError on unknown event types."""
+        return cls(
+            seq=int(d["seq"]),
+            step=int(d["step"]),
+            ts=float(d["ts"]),
+            events=[event_from_dict(e) for e in d.get("events", ())],
+            metrics=dict(d.get("metrics") or {}),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> StepRecord:
+        return cls.from_dict(json.loads(text))

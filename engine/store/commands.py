@@ -1,0 +1,115 @@
+"""``kvscope runs`` and ``kvscope replay`` (the CLI wires them via add_store_subcommands).
+
+Each command takes an argparse Namespace, prints text and returns an exit code
+(0 ok, 1 user error such as an unknown run or a step out of range).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+import time
+from typing import Any
+
+from engine.events.render import render_snapshot
+from engine.store.runs import RunStore, StepOutOfRangeError, UnknownRunError
+from engine.store.transfer import export_run, import_run
+
+_METRICS_SHOWN = ("kv_cache_usage", "kv_token_usage", "internal_fragmentation",
+                  "prefix_cache_hit_rate", "num_preemptions", "num_evictions", "cow_copies")
+
+
+def _fmt_time(ts: float | None) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _fmt_metric(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return "-" if v is None else str(v)
+
+
+def format_runs(runs: list[dict[str, Any]]) -> str:
+    """The runs table printed by ``kvscope runs``."""
+    if not runs:
+        return "no runs recorded yet"
+    header = ("run id", "started", "steps", "reqs", "pool", "model", "label")
+    rows = [header]
+    for r in runs:
+        cfg = r["config"] or {}
+        pool = f"{cfg.get('num_blocks', '?')}x{cfg.get('block_size', '?')}"
+        rows.append((r["id"], _fmt_time(r["started_at"]), str(r["num_steps"]),
+                     str(r["num_requests"]), pool, r["model"] or "-", r["label"] or ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """List runs; or with --label RUN TEXT / --delete RUN / --export RUN PATH /
+    --import PATH act on one."""
+    store = RunStore(getattr(args, "db", None))
+    try:
+        if getattr(args, "label", None):
+            run_id, text = args.label
+            store.label_run(run_id, text or None)
+            print(f"labelled {run_id}: {text!r}")
+        elif getattr(args, "delete", None):
+            store.delete_run(args.delete)
+            print(f"deleted {args.delete}")
+        elif getattr(args, "export", None):
+            run_id, path = args.export
+            n = export_run(store, run_id, path)
+            print(f"exported {run_id} to {path} ({n} lines)")
+        elif getattr(args, "import_path", None):
+            new_id = import_run(store, args.import_path)
+            print(f"imported {args.import_path} as {new_id}")
+        else:
+            print(format_runs(store.list_runs()))
+    except (UnknownRunError, ValueError, OSError, sqlite3.Error) as exc:
+        print(f"kvscope runs: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Print the pool at step N of a run (default: its last step) as a block grid plus
+    every request's block table, rebuilt from the recorded events."""
+    store = RunStore(getattr(args, "db", None))
+    step = getattr(args, "step", None)
+    try:
+        run = store.get_run(args.run_id)
+        snap = store.snapshot_at(args.run_id, step)
+        lo, hi = store.step_range(args.run_id)
+        metrics = store.metrics_at(args.run_id, snap["step"]) or {}
+    except (UnknownRunError, StepOutOfRangeError, ValueError, sqlite3.Error) as exc:
+        print(f"kvscope replay: error: {exc}", file=sys.stderr)
+        return 1
+    title = f"run {run['id']}" + (f" ({run['label']})" if run.get("label") else "")
+    print(f"{title} | model {run.get('model') or '-'} | step {snap['step']} of {lo}..{hi}")
+    print(render_snapshot(snap, width=getattr(args, "width", None) or 32))
+    shown = [f"{k} {_fmt_metric(metrics[k])}" for k in _METRICS_SHOWN if k in metrics]
+    if shown:
+        print("\nmetrics: " + " | ".join(shown))
+    return 0
+
+
+def add_store_subcommands(subparsers: Any) -> None:
+    """Register ``runs`` and ``replay`` on an argparse subparsers object; each sets
+    ``func`` to its command, so the CLI calls ``args.func(args)``."""
+    p = subparsers.add_parser("runs", help="list, label, delete, export or import recorded runs")
+    p.add_argument("--db", help="runs database (default $KVSCOPE_DB or data/runs.sqlite)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--label", nargs=2, metavar=("RUN_ID", "TEXT"), help="set a run's label")
+    g.add_argument("--delete", metavar="RUN_ID", help="delete a run and its steps")
+    g.add_argument("--export", nargs=2, metavar=("RUN_ID", "PATH"), help="export as JSON lines")
+    g.add_argument("--import", dest="import_path", metavar="PATH",
+                   help="import an exported run (gets a new id)")
+    p.set_defaults(func=cmd_runs)
+
+    p = subparsers.add_parser("replay", help="show the KV pool of a recorded run at a step")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--step", type=int, default=None, help="engine step (default: the last)")
+    p.add_argument("--width", type=int, default=32, help="blocks per grid row")
+    p.add_argument("--db", help="runs database (default $KVSCOPE_DB or data/runs.sqlite)")
+    p.set_defaults(func=cmd_replay)

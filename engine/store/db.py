@@ -1,0 +1,96 @@
+"""Where the runs database lives, how to open it, and its schema (sqlite-utils).
+
+Tables (JSON columns hold ``json.dumps`` text):
+- ``runs``: id TEXT pk, started_at REAL (unix s), finished_at REAL|NULL, config JSON
+  (must hold ``num_blocks`` and ``block_size`` for replay), model TEXT, label TEXT.
+- ``steps``: (run_id, seq) pk, step, ts REAL, events JSON (list of event dicts),
+  metrics JSON — one ``StepRecord`` per row.
+- ``requests``: (run_id, request_id) pk, prompt TEXT, params/outputs/timings JSON.
+
+WAL mode, so the dashboard can read while the recorder writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+ENV_VAR = "KVSCOPE_DB"
+DEFAULT_PATH = Path("data") / "runs.sqlite"
+
+
+def resolve_db_path(path: str | os.PathLike | None = None) -> str:
+    """``path``, else ``$KVSCOPE_DB``, else ``data/runs.sqlite`` under the cwd.
+
+    A ``file:`` URI (e.g. ``file:runs.sqlite?mode=ro``) is passed through as is."""
+    if path is None:
+        path = os.environ.get(ENV_VAR) or DEFAULT_PATH
+    return str(path)
+
+
+def is_uri(path: str) -> bool:
+    return path.startswith("file:")
+
+
+def connect(path: str | os.PathLike | None = None, *, busy_timeout_s: float = 5.0,
+            schema: bool = True) -> sqlite_utils.Database:
+    """Open (creating file and parent folders) and, with ``schema``, set up WAL and tables.
+
+    Raises ``sqlite3.Error`` on a locked, read-only or corrupt database."""
+    p = resolve_db_path(path)
+    if not is_uri(p):
+        Path(p).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(p, timeout=busy_timeout_s, uri=is_uri(p), check_same_thread=False)
+    try:
+        db = sqlite_utils.Database(conn)
+        if schema:
+            ensure_schema(db)
+    except BaseException:
+        conn.close()
+        raise
+    return db
+
+
+def ensure_schema(db: sqlite_utils.Database) -> None:
+    """Create the tables and indexes if missing; switch to WAL."""
+    db.enable_wal()
+    db["runs"].create({"id": str, "started_at": float, "finished_at": float, "config": str,
+                       "model": str, "label": str}, pk="id", if_not_exists=True)
+    db["steps"].create({"run_id": str, "seq": int, "step": int, "ts": float, "events": str,
+                        "metrics": str}, pk=("run_id", "seq"), if_not_exists=True)
+    db["steps"].create_index(["run_id", "step"], if_not_exists=True)
+    db["requests"].create({"run_id": str, "request_id": str, "prompt": str, "params": str,
+                           "outputs": str, "timings": str}, pk=("run_id", "request_id"),
+                          if_not_exists=True)
+
+
+def new_run_id() -> str:
+    """Sortable and short enough to type: ``20250101-120000-3fa2c1``."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def loads(text: str | None, default: Any = None) -> Any:
+    return default if text is None else json.loads(text)
+
+
+def describe_error(exc: BaseException) -> str:
+    """Short cause of a sqlite failure, for faults and log lines."""
+    msg = str(exc).lower()
+    if "locked" in msg or "busy" in msg:
+        return "database is locked"
+    if "readonly" in msg or "read-only" in msg or "unable to open" in msg:
+        return "database is read-only or cannot be opened"
+    if "not a database" in msg or "malformed" in msg or "corrupt" in msg:
+        return "database file is corrupt"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,156 @@
+"""RunStore: read and manage stored runs (list, label, delete, load, replay to a step).
+
+Readers open a short-lived connection per call, so the dashboard and CLI never
+hold locks the recorder needs. Writer of labels and deletions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import sqlite_utils
+
+from engine.events.reducer import PoolState
+from engine.events.step import StepRecord
+from engine.store import db as dbm
+
+
+class UnknownRunError(LookupError):
+    """No run with this id in the database."""
+
+    def __str__(self) -> str:  # LookupError would print the repr of the args
+        return str(self.args[0]) if self.args else "unknown run"
+
+
+class StepOutOfRangeError(ValueError):
+    """The requested step is outside the run's recorded steps."""
+
+
+def _run_row(row: dict[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    out["config"] = dbm.loads(row.get("config"), {})
+    return out
+
+
+class RunStore:
+    """Runs in one SQLite file (default ``data/runs.sqlite``, or ``$KVSCOPE_DB``)."""
+
+    def __init__(self, path: str | None = None, *, busy_timeout_s: float = 5.0) -> None:
+        self.path = dbm.resolve_db_path(path)
+        self.busy_timeout_s = busy_timeout_s
+
+    @contextlib.contextmanager
+    def db(self) -> Iterator[sqlite_utils.Database]:
+        """A connection with the schema in place, closed afterwards."""
+        d = dbm.connect(self.path, busy_timeout_s=self.busy_timeout_s)
+        try:
+            yield d
+        finally:
+            d.close()
+
+    # ---- runs ------------------------------------------------------------------
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """Every run, newest first: id, started_at, finished_at, model, label, config
+        (dict), num_steps, num_requests."""
+        sql = """
+            select r.*,
+              (select count(*) from steps s where s.run_id = r.id) as num_steps,
+              (select count(*) from requests q where q.run_id = r.id) as num_requests
+            from runs r order by r.started_at desc, r.id desc"""
+        with self.db() as d:
+            return [_run_row(row) for row in d.query(sql)]
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        """The run's row (config decoded); UnknownRunError if absent."""
+        with self.db() as d:
+            rows = list(d.query("select * from runs where id = ?", [run_id]))
+        if not rows:
+            raise UnknownRunError(f"no run {run_id!r} in {self.path}")
+        return _run_row(rows[0])
+
+    def label_run(self, run_id: str, label: str | None) -> None:
+        """Set (or clear, with None) a run's label."""
+        with self.db() as d:
+            cur = d.execute("update runs set label = ? where id = ?", [label, run_id])
+            if cur.rowcount == 0:
+                raise UnknownRunError(f"no run {run_id!r} in {self.path}")
+
+    def delete_run(self, run_id: str) -> None:
+        """Remove a run with its steps and requests, in one transaction."""
+        with self.db() as d:
+            with d.atomic():
+                cur = d.execute("delete from runs where id = ?", [run_id])
+                if cur.rowcount == 0:
+                    raise UnknownRunError(f"no run {run_id!r} in {self.path}")
+                d.execute("delete from steps where run_id = ?", [run_id])
+                d.execute("delete from requests where run_id = ?", [run_id])
+
+    # ---- steps and requests ---------------------------------------------------
+
+    def load_steps(self, run_id: str, upto_step: int | None = None) -> list[StepRecord]:
+        """The run's StepRecords in seq order (only those with step <= ``upto_step``)."""
+        self.get_run(run_id)
+        where, args = "run_id = ?", [run_id]
+        if upto_step is not None:
+            where, args = where + " and step <= ?", args + [upto_step]
+        with self.db() as d:
+            rows = list(d["steps"].rows_where(where, args, order_by="seq"))
+        return [StepRecord.from_dict({**r, "events": dbm.loads(r["events"], []),
+                                      "metrics": dbm.loads(r["metrics"], {})}) for r in rows]
+
+    def step_range(self, run_id: str) -> tuple[int, int] | None:
+        """(first, last) recorded step of the run, or None when it has no steps."""
+        self.get_run(run_id)
+        with self.db() as d:
+            lo, hi = d.execute("select min(step), max(step) from steps where run_id = ?",
+                               [run_id]).fetchone()
+        return None if lo is None else (lo, hi)
+
+    def load_requests(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's requests with params/outputs/timings decoded, by request id."""
+        self.get_run(run_id)
+        with self.db() as d:
+            rows = list(d["requests"].rows_where("run_id = ?", [run_id], order_by="request_id"))
+        for r in rows:
+            for k in ("params", "outputs", "timings"):
+                r[k] = dbm.loads(r[k])
+        return rows
+
+    # ---- replay ----------------------------------------------------------------
+
+    def state_at(self, run_id: str, step: int | None = None) -> PoolState:
+        """The folded PoolState after ``step`` (default: the last recorded step)."""
+        run = self.get_run(run_id)
+        cfg = run["config"]
+        try:
+            num_blocks, block_size = int(cfg["num_blocks"]), int(cfg["block_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"run {run_id!r} config lacks num_blocks/block_size; "
+                             f"it cannot be replayed") from exc
+        rng = self.step_range(run_id)
+        if rng is None:
+            raise StepOutOfRangeError(f"run {run_id!r} has no recorded steps")
+        if step is None:
+            step = rng[1]
+        if not rng[0] <= step <= rng[1]:
+            raise StepOutOfRangeError(f"step {step} is out of range: run {run_id!r} has "
+                                      f"steps {rng[0]}..{rng[1]}")
+        state = PoolState(num_blocks, block_size)
+        for rec in self.load_steps(run_id, upto_step=step):
+            state.apply_step(rec)
+        state.step = step
+        return state
+
+    def snapshot_at(self, run_id: str, step: int | None = None) -> dict[str, Any]:
+        """The pool snapshot after ``step``, rebuilt by replaying from the empty pool."""
+        return self.state_at(run_id, step).to_snapshot()
+
+    def metrics_at(self, run_id: str, step: int) -> dict[str, Any] | None:
+        """The metrics recorded with the latest step record at or before ``step``."""
+        with self.db() as d:
+            row = d.execute("select metrics from steps where run_id = ? and step <= ? "
+                            "order by seq desc limit 1", [run_id, step]).fetchone()
+        return None if row is None else dbm.loads(row[0], {})
