@@ -1,0 +1,150 @@
+"""Building blocks shared by the model families: RMSNorm, rotary embedding, activations.
+
+Numerics deliberately follow transformers' reference modules (same op order, same
+fp32 upcasts) so our logits match theirs to ~1e-5 in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Activation function by its transformers config name."""
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unsupported activation {name!r}; supported: {sorted(_ACTIVATIONS)}"
+        ) from None
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in fp32 then cast back (as Llama does)."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_settings(config: Any) -> tuple[float, dict[str, Any]]:
+    """(rope_theta, scaling dict) from a transformers config, old or new style.
+
+    transformers 5 folds theta and scaling into `config.rope_parameters`; 4.x kept
+    `rope_theta` and `rope_scaling` separately.
+    """
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"]), dict(params)
+    theta = float(getattr(config, "rope_theta", 10000.0))
+    return theta, dict(getattr(config, "rope_scaling", None) or {})
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] for default, linear or Llama-3 scaled RoPE."""
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}"
+        )
+    if scaling.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial rotary embeddings are not supported")
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if rope_type == "linear":
+        return inv_freq / float(scaling["factor"])
+    if rope_type == "llama3":
+        return _llama3_scale(inv_freq, scaling)
+    return inv_freq
+
+
+def _llama3_scale(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, and the
+    # band between is interpolated smoothly.
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_ctx = float(scaling["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates q/k by absolute token position (half-split "rotate_half" layout)."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any]) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin tables [T, head_dim] for int positions [T]."""
+        freqs = positions[:, None].float() * self.inv_freq[None, :].float()  # [T, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, hd] rotated by cos/sin [T, hd]."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Linear(nn.Module):
+    """y = x W^T + b with uninitialised weight slots (filled by `load_weights`).
+
+    Fused projections (QKV, gate/up) are simply a Linear whose weight is several HF
+    weights concatenated along the output dim; one GEMM instead of two or three.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        return F.linear(x, self.weight, self.bias)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with optional affine slots (OPT can disable them)."""
+
+    def __init__(self, hidden_size: int, affine: bool, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+        self.weight = (
+            nn.Parameter(torch.empty(hidden_size), requires_grad=False) if affine else None
+        )
+        self.bias = nn.Parameter(torch.empty(hidden_size), requires_grad=False) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.hidden_size,), self.weight, self.bias, self.eps)

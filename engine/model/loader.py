@@ -1,0 +1,169 @@
+"""load_model: a local HF directory, a .gguf file, or "smollm2-135m" -> a ready model.
+
+The weights always come from an HF-style directory: a GGUF is first dequantized into
+a cached one (see gguf_cache). Our model classes are built with empty weight slots
+and filled straight from the checkpoint, fusing QKV and gate/up on the way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.model.base import CausalLM
+from engine.model.checkpoint import open_checkpoint
+from engine.model.gguf_cache import DEFAULT_MODEL, default_gguf_path, ensure_dequantized
+from engine.model.registry import model_class
+from engine.model.spec import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to run, with everything the engine needs alongside it."""
+
+    model: CausalLM
+    tokenizer: Any  # transformers tokenizer (fast)
+    hf_config: Any
+    spec: ModelSpec
+    dtype: torch.dtype
+    device: torch.device
+    weights_dir: Path  # the HF directory the weights were read from
+
+
+def resolve_model_dir(model: str, cache_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """(HF directory holding the weights, display name) for a model argument."""
+    if model.lower() == DEFAULT_MODEL:
+        return ensure_dequantized(default_gguf_path(), cache_dir), DEFAULT_MODEL
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ensure_dequantized(path, cache_dir), path.stem
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is a directory without config.json")
+        return path, path.name
+    raise FileNotFoundError(
+        f"model {model!r} not found: pass a local HF model directory, a .gguf file, or "
+        f"{DEFAULT_MODEL!r} (nothing is downloaded from the hub)"
+    )
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, config: Any) -> torch.dtype:
+    """"auto": float32 on CPU; on CUDA the config's half dtype, else bfloat16.
+
+    Half precision on CPU is slow and poorly supported by torch's CPU kernels, so it
+    falls back to float32 with a warning.
+    """
+    if isinstance(dtype, str) and dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; use auto or one of {sorted(_DTYPES)}")
+        dtype = _DTYPES[dtype]
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        declared = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(declared, str):
+            declared = _DTYPES.get(declared)
+        return declared if declared in _HALF else torch.bfloat16
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.float32, *_HALF):
+        raise ValueError(f"unsupported dtype {dtype!r}; use float32, float16 or bfloat16")
+    if dtype in _HALF and device.type == "cpu":
+        logging.warning("dtype %s is not supported on CPU; using float32", dtype)
+        return torch.float32
+    return dtype
+
+
+def _eos_ids(config: Any, tokenizer: Any, weights_dir: Path) -> tuple[int, ...]:
+    # Union of config, generation config and tokenizer eos, in that order: chat models
+    # often end turns with a token only one of them names.
+    found: list[int] = []
+
+    def add(value: Any) -> None:
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, int) and v not in found:
+                found.append(v)
+
+    add(getattr(config, "eos_token_id", None))
+    if (weights_dir / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        add(GenerationConfig.from_pretrained(str(weights_dir)).eos_token_id)
+    add(getattr(tokenizer, "eos_token_id", None))
+    return tuple(found)
+
+
+def _max_positions(config: Any) -> int:
+    # Our attention has no sliding window, so a windowed model is exact only up to
+    # its window; clamp the usable context there rather than silently diverge.
+    limit = int(config.max_position_embeddings)
+    window = getattr(config, "sliding_window", None)
+    windowed = window is not None and (
+        config.model_type == "mistral"
+        or (config.model_type == "qwen2" and getattr(config, "use_sliding_window", False))
+    )
+    if windowed and window < limit:
+        logger.warning(
+            "%s uses a %d-token sliding window, which kvscope does not implement; "
+            "limiting context to %d tokens", config.model_type, window, window,
+        )
+        return int(window)
+    return limit
+
+
+def build_spec(name: str, config: Any, model: CausalLM, tokenizer: Any, weights_dir: Path) -> ModelSpec:
+    """The ModelSpec for a loaded model."""
+    heads = config.num_attention_heads
+    return ModelSpec(
+        name=name,
+        architecture=config.model_type,
+        num_layers=model.num_layers,
+        num_heads=heads,
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size,
+        eos_token_ids=_eos_ids(config, tokenizer, weights_dir),
+        bos_token_id=getattr(config, "bos_token_id", None),
+        max_position_embeddings=_max_positions(config),
+    )
+
+
+def load_model(
+    model: str = DEFAULT_MODEL,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+) -> LoadedModel:
+    """Load weights, tokenizer and config; the model is ready for paged forwards."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    device = torch.device(device)
+    weights_dir, name = resolve_model_dir(model, cache_dir)
+    config = AutoConfig.from_pretrained(str(weights_dir), trust_remote_code=trust_remote_code)
+    cls = model_class(config)  # raises for unsupported architectures before any work
+    torch_dtype = resolve_dtype(dtype, device, config)
+    logger.info("loading %s (%s) from %s as %s on %s", name, config.model_type,
+                weights_dir, torch_dtype, device)
+    net = cls(config)
+    with open_checkpoint(weights_dir) as get:
+        net.load_weights(get, torch_dtype)
+    net = net.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(weights_dir), trust_remote_code=trust_remote_code
+    )
+    spec = build_spec(name, config, net, tokenizer, weights_dir)
+    return LoadedModel(net, tokenizer, config, spec, torch_dtype, device, weights_dir)

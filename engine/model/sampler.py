@@ -1,0 +1,147 @@
+"""Token sampling from logits with per-row temperature, top-k, top-p, min-p and seeds.
+
+Reproducibility: each seeded request owns a torch.Generator (made once by
+`make_generator` and kept by the runner for the request's lifetime), and its row draws
+its noise only from that generator. So a request's tokens do not depend on which other
+requests share the batch.
+
+Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks index i with
+probability p_i, so noise can be drawn per row from that row's generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+_GREEDY_EPS = 1e-5  # temperatures below this mean argmax
+
+
+@dataclass(slots=True)
+class RowSampling:
+    """Sampling settings for one logits row (one request's next token)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    logprobs: int | None = None  # None: none; n >= 0: sampled token's + top-n
+    generator: torch.Generator | None = None  # per-request; None uses torch's global RNG
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerOutput:
+    """Per row: the sampled id; and where asked, its logprob and the top-n logprobs.
+
+    Logprobs are of the model's raw distribution (log_softmax of unmodified logits),
+    as vLLM reports by default, so they do not depend on temperature or filters.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded for one request; keep it for the request's lifetime.
+
+    `device` must be the device the logits live on.
+    """
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+def _filter(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
+    """Mask tokens outside each row's top-k / top-p / min-p with -inf. [R, V]"""
+    R, V = logits.shape
+    dev = logits.device
+    top_k = torch.tensor([r.top_k if r.top_k > 0 else V for r in rows], device=dev)
+    top_p = torch.tensor([r.top_p for r in rows], device=dev, dtype=logits.dtype)
+    min_p = torch.tensor([r.min_p for r in rows], device=dev, dtype=logits.dtype)
+    if bool((top_k < V).any()) or bool((top_p < 1).any()):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # [R, V]
+        rank = torch.arange(V, device=dev).expand(R, V)
+        drop = rank >= top_k[:, None].clamp(max=V)
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        probs = sorted_logits.softmax(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass
+        # before it already does. The top token always survives.
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop = drop | (mass_before >= top_p[:, None])
+        drop[:, 0] = False
+        mask = torch.zeros_like(drop).scatter(-1, order, drop)
+        logits = logits.masked_fill(mask, float("-inf"))
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(dim=-1)
+        floor = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def _exponential_noise(shape: tuple[int, int], rows: Sequence[RowSampling], device) -> torch.Tensor:
+    """Exp(1) noise [R, V]; seeded rows draw only from their own generator."""
+    noise = torch.empty(shape, device=device)
+    unseeded = [i for i, r in enumerate(rows) if r.generator is None]
+    if unseeded:
+        noise[unseeded] = torch.empty((len(unseeded), shape[1]), device=device).exponential_()
+    for i, row in enumerate(rows):
+        if row.generator is not None:
+            noise[i].exponential_(generator=row.generator)
+    # A zero draw (possible in float32) would make p / E inf or nan; never pick by it.
+    return noise.clamp_(min=1e-20)
+
+
+def sample(logits: torch.Tensor, rows: Sequence[RowSampling]) -> SamplerOutput:
+    """Sample one token per row of logits [R, V] (float) under each row's settings."""
+    if logits.dim() != 2 or logits.shape[0] != len(rows):
+        raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
+    logits = logits.float()
+    R, V = logits.shape
+    token_ids = logits.argmax(dim=-1)  # [R]; the answer for greedy rows
+    random_idx = [i for i, r in enumerate(rows) if not r.greedy]
+    if random_idx:
+        sub_rows = [rows[i] for i in random_idx]
+        temps = torch.tensor([r.temperature for r in sub_rows], device=logits.device)
+        scaled = _filter(logits[random_idx] / temps[:, None], sub_rows)
+        probs = scaled.softmax(dim=-1)  # [R', V]
+        noise = _exponential_noise((len(random_idx), V), sub_rows, logits.device)
+        token_ids[random_idx] = (probs / noise).argmax(dim=-1)
+    return _with_logprobs(logits, token_ids, rows)
+
+
+def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[RowSampling]) -> SamplerOutput:
+    ids = token_ids.tolist()
+    wanted = [i for i, r in enumerate(rows) if r.logprobs is not None]
+    chosen: list[float | None] = [None] * len(rows)
+    tops: list[list[tuple[int, float]] | None] = [None] * len(rows)
+    if wanted:
+        logp = torch.log_softmax(logits[wanted], dim=-1)  # [W, V]
+        picked = logp.gather(1, token_ids[wanted][:, None]).squeeze(1).tolist()
+        n_max = max(rows[i].logprobs for i in wanted)
+        top_vals, top_ids = logp.topk(min(n_max, logp.shape[1]), dim=-1) if n_max else (None, None)
+        for j, i in enumerate(wanted):
+            chosen[i] = picked[j]
+            n = rows[i].logprobs
+            tops[i] = (
+                list(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())) if n else []
+            )
+    return SamplerOutput(ids, chosen, tops)
