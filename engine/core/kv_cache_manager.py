@@ -43,6 +43,8 @@ class KVCacheManager:
         self.ever_cached: set[str] = set()
         self.cow_pairs: list[tuple[int, int]] = []
         self.num_cow_copies = 0
+        self.num_queries = 0  # prefix-cache lookup tokens at admission (vLLM's counters)
+        self.num_hits = 0
 
     # ---- lookup -------------------------------------------------------------
 
@@ -115,6 +117,8 @@ class KVCacheManager:
         computed = req.num_computed_tokens
         if match is not None:
             assert not table, f"{rid} admitted with a non-empty table"
+            self.num_queries += match.num_query_tokens
+            self.num_hits += match.num_tokens
             self.log.add(PrefixLookup(step, rid, match.num_query_tokens, match.num_tokens,
                                       match.miss_cold, match.miss_evicted, match.miss_partial,
                                       match.miss_disabled))

@@ -160,8 +160,8 @@ class Scheduler:
         """Append sampled tokens, fork ``n > 1`` requests, finish the done ones.
 
         ``sampled[rid]`` holds ``num_samples`` tokens (sample k goes to fork child
-        k). Returns (new fork children, finished requests). Then the step's
-        events are complete and the next step begins.
+        k). Returns (new fork children, finished requests). The caller may still
+        finish requests (stop strings), then calls ``end_step``.
         """
         children: list[Request] = []
         finished: list[Request] = []
@@ -194,8 +194,11 @@ class Scheduler:
                                              req.num_computed_tokens, ()))
         for r in finished:
             self.finish_request(r.request_id, r.status)
-        self.log.step = self.step + 1
         return children, finished
+
+    def end_step(self) -> None:
+        """Close the step: events logged from now on belong to the next one."""
+        self.log.step = self.step + 1
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params
@@ -209,11 +212,6 @@ class Scheduler:
             req.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
-
-    def advance_idle_step(self) -> None:
-        """Close a step that scheduled nothing (events logged between steps)."""
-        self.step = self.log.step
-        self.log.step += 1
 
     def snapshot(self) -> dict:
         """The engine's true pool and request state (the protocol's snapshot shape)."""

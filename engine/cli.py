@@ -1,0 +1,102 @@
+"""The ``kvscope`` command: generate, serve, submit, runs, replay, lesson, bench.
+
+Each subsystem registers its own subcommands; heavy imports (torch, the model)
+happen only inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Engine options shared by every command that starts an engine."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="smollm2-135m", help="smollm2-135m, a local HF dir or a .gguf file")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--num-kv-blocks", type=int, default=None, help="pool size in blocks")
+    g.add_argument("--kv-cache-memory", type=int, default=None, help="KV budget in bytes")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument("--device", default="auto")
+    g.add_argument("--dtype", default="auto")
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    g.add_argument("--seed", type=int, default=0)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    keys = ("model", "block_size", "num_kv_blocks", "kv_cache_memory", "gpu_memory_utilization",
+            "max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+            "enable_chunked_prefill", "device", "dtype", "attention_backend", "seed")
+    return {k: getattr(args, k) for k in keys}
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(**engine_kwargs(args))
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                            n=args.n, seed=args.sampling_seed, stop=args.stop or [])
+    if args.chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
+    else:
+        outs = llm.generate(args.prompts, params)
+    for o in outs:
+        for c in o.outputs:
+            label = o.request_id if len(o.outputs) == 1 else f"{o.request_id}[{c.index}]"
+            print(f"--- {label} ({c.finish_reason}, {o.num_cached_tokens} cached prompt tokens)")
+            print(c.text)
+    print(json.dumps(llm.stats(), indent=None), file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvscope", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text offline and print it")
+    add_engine_args(g)
+    g.add_argument("prompts", nargs="+")
+    g.add_argument("--chat", action="store_true", help="wrap each prompt as a user chat message")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--n", type=int, default=1)
+    g.add_argument("--sampling-seed", type=int, default=None)
+    g.add_argument("--stop", action="append")
+    g.set_defaults(func=cmd_generate)
+
+    for module, fn in (("engine.store.commands", "add_store_subcommands"),
+                       ("engine.server.commands", "add_server_subcommands"),
+                       ("lessons.commands", "add_lesson_subcommands"),
+                       ("bench.commands", "add_bench_subcommands")):
+        try:
+            mod = __import__(module, fromlist=[fn])
+        except ModuleNotFoundError as exc:
+            if exc.name and module.startswith(exc.name):
+                continue  # that subsystem is not in this checkout yet
+            raise
+        getattr(mod, fn)(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""EngineConfig: everything fixed when an engine starts (validated, frozen)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engine.core.errors import ConfigError
+
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB: ~1450 blocks of 16 tokens for SmolLM2 in fp32
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine options, vLLM-named. ``None`` means "derive at startup".
+
+    Block size, pool size and the chunk budget shape the KV tensors and the
+    scheduler, so changing them means starting a new engine.
+    """
+
+    model: str = DEFAULT_MODEL
+    block_size: int = 16
+    max_model_len: int | None = None  # None: min(model limit, 2048)
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int | None = None  # None: 512 (chunked) or max_model_len
+    max_num_seqs: int = 64
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None  # bytes, CPU budget (also honoured on CUDA)
+    gpu_memory_utilization: float = 0.9
+    device: str = "auto"
+    dtype: str = "auto"
+    attention_backend: str = "auto"
+    seed: int = 0
+    trust_remote_code: bool = False
+    long_prefill_token_threshold: int = 0
+    max_waiting: int = 0
+    enable_events: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError("model must be a model name, a local HF directory or a .gguf path")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
+            raise ConfigError(f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}")
+        if self.kv_cache_memory is not None and (not isinstance(self.kv_cache_memory, int) or self.kv_cache_memory < 1):
+            raise ConfigError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ConfigError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ConfigError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ConfigError(f"block_size must be a positive integer, got {self.block_size!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

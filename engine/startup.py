@@ -1,0 +1,115 @@
+"""Engine start-up: load the model, size the KV budget, build the runner.
+
+Derived values (device, max_model_len, chunk budget, block count) are computed
+here and passed on explicitly; the EngineConfig is never written back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig
+from engine.core import CacheConfig, ConfigError, KVCacheTooSmallError, SchedulerConfig, check_capacity
+from engine.model.attention import select_backend
+from engine.model.loader import LoadedModel, load_model
+from engine.model.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 2048
+DEFAULT_CHUNK_BUDGET = 512  # tokens per step: big enough to batch, small enough for fair TTFT
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    loaded: LoadedModel
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    runner: ModelRunner
+    kv_bytes_per_block: int
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' was asked for but no CUDA device is available; use device='cpu'")
+    return torch.device(device)
+
+
+def _profile_cuda_blocks(cfg: EngineConfig, loaded: LoadedModel, per_block: int,
+                         sched: SchedulerConfig, block_size: int) -> int:
+    """vLLM-style: run the largest step once, then give the KV cache what is left."""
+    backend = select_backend(cfg.attention_backend, loaded.device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    probe_blocks = -(-sched.max_num_batched_tokens // block_size)
+    runner = ModelRunner(loaded, probe_blocks, block_size, backend)
+    from engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+    n = sched.max_num_batched_tokens
+    table = list(range(probe_blocks))
+    out = SchedulerOutput(0, [ScheduledRequest("profile", [0] * n, 0, table, list(range(n)), 1, "prefill")])
+    runner.execute(out, {"profile": [_greedy_row()]})
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del runner
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    budget = int(total * cfg.gpu_memory_utilization) - peak
+    logger.info("CUDA profile: peak %.0f MiB of %.0f MiB; KV budget %.0f MiB at utilization %.2f",
+                peak / 2**20, total / 2**20, budget / 2**20, cfg.gpu_memory_utilization)
+    return max(0, budget // per_block)
+
+
+def _greedy_row():
+    from engine.model.sampler import RowSampling
+
+    return RowSampling(temperature=0.0)
+
+
+def build_engine_parts(cfg: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
+    device = resolve_device(cfg.device)
+    if loaded is None:
+        loaded = load_model(cfg.model, dtype=cfg.dtype, device=device,
+                            trust_remote_code=cfg.trust_remote_code)
+    spec = loaded.spec
+    max_len = cfg.max_model_len or min(spec.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    if max_len > spec.max_position_embeddings:
+        logger.warning("max_model_len %d exceeds the model's %d positions", max_len,
+                       spec.max_position_embeddings)
+    budget = cfg.max_num_batched_tokens or (
+        DEFAULT_CHUNK_BUDGET if cfg.enable_chunked_prefill else max(max_len, DEFAULT_CHUNK_BUDGET))
+    sched = SchedulerConfig(max_model_len=max_len, max_num_batched_tokens=budget,
+                            max_num_seqs=cfg.max_num_seqs,
+                            enable_chunked_prefill=cfg.enable_chunked_prefill,
+                            long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                            max_waiting=cfg.max_waiting)
+    per_block = spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
+    if cfg.num_kv_blocks is not None:
+        num_blocks, source = cfg.num_kv_blocks, "num_kv_blocks"
+    elif cfg.kv_cache_memory is not None:
+        num_blocks, source = cfg.kv_cache_memory // per_block, f"kv_cache_memory={cfg.kv_cache_memory}"
+    elif device.type == "cuda":
+        num_blocks = _profile_cuda_blocks(cfg, loaded, per_block, sched, cfg.block_size)
+        source = f"gpu_memory_utilization={cfg.gpu_memory_utilization}"
+    else:
+        num_blocks, source = DEFAULT_CPU_KV_BYTES // per_block, "the CPU default of 1 GiB"
+    if num_blocks < 1:
+        raise KVCacheTooSmallError(
+            f"{source} leaves room for no KV block (one block of {cfg.block_size} tokens costs "
+            f"{per_block} bytes); raise the KV budget")
+    cache = CacheConfig(block_size=cfg.block_size, num_blocks=num_blocks,
+                        enable_prefix_caching=cfg.enable_prefix_caching)
+    check_capacity(cache, sched)
+    backend = select_backend(cfg.attention_backend, device)
+    runner = ModelRunner(loaded, num_blocks, cfg.block_size, backend)
+    logger.info(
+        "KV cache: %d blocks x %d tokens = %d token slots (%.1f MiB, from %s); "
+        "%d sequences of max_model_len=%d fit at once; attention backend: %s",
+        num_blocks, cfg.block_size, cache.num_slots, num_blocks * per_block / 2**20, source,
+        num_blocks // -(-max_len // cfg.block_size), max_len, backend.name)
+    return EngineParts(loaded, cache, sched, runner, per_block)
