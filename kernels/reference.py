@@ -77,8 +77,8 @@ def paged_attention_ref(
         # [kv_heads, group, q_len, hd] against [kv_heads, seq_len, hd]
         q = query[q0:q1].float().view(q_len, kv_heads, group, -1).permute(1, 2, 0, 3)
         scores = torch.matmul(q, k.permute(1, 2, 0).unsqueeze(1)) * scale
-        q_pos = torch.arange(seq_len - q_len, seq_len).view(-1, 1)
-        k_pos = torch.arange(seq_len).view(1, -1)
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=scores.device).view(-1, 1)
+        k_pos = torch.arange(seq_len, device=scores.device).view(1, -1)
         scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         o = torch.matmul(probs, v.permute(1, 0, 2).unsqueeze(1))  # [kvh, g, q_len, hd]
