@@ -213,6 +213,6 @@ class Scheduler:
             return True
         return False
 
-    def snapshot(self) -> dict:
+    def snapshot(self, tokens: bool = True) -> dict:
         """The engine's true pool and request state (the protocol's snapshot shape)."""
-        return build_snapshot(self.step, self.kv, self.requests.values())
+        return build_snapshot(self.step, self.kv, self.requests.values(), tokens)
