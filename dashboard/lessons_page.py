@@ -27,11 +27,15 @@ from streamlit.errors import StreamlitAPIException
 from engine.store.db import is_uri, resolve_db_path
 from lessons import LESSONS
 
+from dashboard import palette as P
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_ENV = "KVSCOPE_LESSON_MODEL"  # tests point this at a tiny model
 RUN_TIMEOUT_S = 600  # the slowest lesson takes under a minute on a CPU; leave ample room
-# block states, as in the text view: in use, shared (ref > 1), free but cached, free
-STATE_COLORS = {"in use": "#4C78A8", "shared": "#F58518", "cached": "#9ECAE9", "free": "#E8E8E8"}
+# block states, as in the text view: in use, shared (ref > 1), free but cached, free;
+# colours from the dashboard's one palette, so a state looks the same on every page
+STATE_COLORS = {"in use": P.BLOCK_COLORS[P.USED], "shared": P.BLOCK_COLORS[P.SHARED],
+                "cached": P.BLOCK_COLORS[P.CACHED], "free": P.BLOCK_COLORS[P.FREE]}
 STATE_LABELS = {"in use": "in use", "shared": "shared (ref > 1)",
                 "cached": "free, cached (hittable)", "free": "free"}
 

@@ -1,0 +1,109 @@
+"""The dashboard's link to ``kvscope serve``: find or start a server, keep one client.
+
+Resources are process-wide (``st.cache_resource``), so every browser tab shares
+one server child, one websocket connection (its background thread folds the
+steps) and one LiveFeed. If nothing answers at ``KVSCOPE_URL`` the dashboard
+starts ``python -m engine.cli serve`` itself (the model from ``KVSCOPE_MODEL``),
+and stops it when the dashboard exits.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import streamlit as st
+
+from engine.server.live import LiveConnection
+from engine.server.security import TOKEN_ENV
+
+from dashboard import settings as S
+from dashboard.live_feed import LiveFeed
+from dashboard.server_process import ServerProcess, probe_health
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """What /healthz says, and whether this dashboard started the server."""
+
+    health: dict[str, Any] | None  # None: nothing answers and nothing was started
+    managed: ServerProcess | None
+
+    @property
+    def status(self) -> str:
+        return "unreachable" if self.health is None else str(self.health.get("status"))
+
+    @property
+    def detail(self) -> str:
+        return "" if self.health is None else str(self.health.get("detail") or "")
+
+
+class _ManagedServer:
+    """Holds the server child this dashboard started (at most one per URL)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.proc: ServerProcess | None = None
+
+    def get_or_start(self, cfg: S.Settings) -> ServerProcess:
+        with self._lock:  # two tabs loading at once must not start two servers
+            if self.proc is None:
+                self.proc = ServerProcess(cfg.host, cfg.port, cfg.model, cfg.serve_args)
+            return self.proc
+
+    def stop(self) -> None:
+        with self._lock:
+            proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.stop()
+
+
+@st.cache_resource(show_spinner=False, on_release=lambda m: m.stop())
+def _managed(url: str) -> _ManagedServer:
+    return _ManagedServer()
+
+
+@st.cache_resource(show_spinner=False, on_release=lambda c: c.stop())
+def _connection(url: str, token: str | None) -> LiveConnection:
+    return LiveConnection(url, token).start()
+
+
+@st.cache_resource(show_spinner=False)
+def _feed(url: str) -> LiveFeed:
+    return LiveFeed()
+
+
+def settings() -> S.Settings:
+    return S.load()
+
+
+def server_status() -> ServerStatus:
+    """Probe the configured server; start one when none answers (and autostart is on)."""
+    cfg = settings()
+    holder = _managed(cfg.url)
+    health = probe_health(cfg.health_url)
+    if health is not None:  # ours (started earlier) or someone else's
+        return ServerStatus(health, holder.proc)
+    if holder.proc is not None and not holder.proc.alive():
+        return ServerStatus(holder.proc.health(), holder.proc)  # died: show why, no respawn loop
+    if not cfg.autostart:
+        return ServerStatus(None, None)
+    proc = holder.get_or_start(cfg)
+    return ServerStatus(proc.health(), proc)
+
+
+def restart_managed_server() -> None:
+    """Stop the child this dashboard started (if any); the next status check starts anew."""
+    _managed(settings().url).stop()
+
+
+def connection() -> LiveConnection:
+    """The shared websocket client (its thread retries while the server loads)."""
+    cfg = settings()
+    return _connection(cfg.url, os.environ.get(TOKEN_ENV) or None)
+
+
+def feed() -> LiveFeed:
+    return _feed(settings().url)

@@ -1,0 +1,78 @@
+"""A step's events as table rows: what happened, to which request and block."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from engine.events import types as T
+
+_WHAT = {
+    "block_allocated": "allocated",
+    "block_freed": "released",
+    "block_cached": "cached (hash kept)",
+    "block_evicted": "evicted (hash dropped)",
+    "prefix_hit": "prefix-cache hit",
+    "prefix_lookup": "prefix-cache lookup",
+    "cow_copy": "copy-on-write copy",
+    "prefix_cache_reset": "prefix cache reset",
+    "request_arrived": "request arrived",
+    "request_forked": "forked (shares blocks)",
+    "request_scheduled": "scheduled",
+    "request_progress": "progress",
+    "request_preempted": "preempted (blocks freed, will recompute)",
+    "request_finished": "finished",
+}
+
+
+def _detail(e: T.Event) -> tuple[str, str]:
+    """(blocks, detail) columns for one event."""
+    t = type(e)
+    if t is T.BlockAllocated:
+        return str(e.block), f"logical index {e.logical_index}"
+    if t is T.BlockFreed:
+        return str(e.block), f"ref count now {e.ref_count}"
+    if t in (T.BlockCached, T.BlockEvicted):
+        return str(e.block), f"hash {e.hash[:12]}"
+    if t is T.PrefixHit:
+        return ", ".join(map(str, e.blocks)), f"{e.num_tokens} tokens reused"
+    if t is T.PrefixLookup:
+        causes = ", ".join(f"{c} {getattr(e, 'miss_' + c)}" for c in
+                           ("cold", "evicted", "partial", "disabled") if getattr(e, "miss_" + c))
+        return "", (f"{e.num_hit_tokens}/{e.num_query_tokens} tokens hit"
+                    + (f"; misses: {causes}" if causes else ""))
+    if t is T.CowCopy:
+        return f"{e.src} → {e.dst}", f"logical index {e.logical_index}"
+    if t is T.RequestArrived:
+        return "", f"{e.num_prompt_tokens} prompt tokens"
+    if t is T.RequestForked:
+        return ", ".join(map(str, e.blocks)), f"fork of {e.parent_id}"
+    if t is T.RequestScheduled:
+        return "", f"{e.num_tokens} {e.phase} tokens from position {e.num_computed_tokens}"
+    if t is T.RequestProgress:
+        return "", (f"+{len(e.new_token_ids)} token(s) {list(e.new_token_ids)[:4]}; "
+                    f"{e.num_computed_tokens}/{e.num_tokens} computed")
+    if t is T.RequestFinished:
+        return "", f"reason: {e.reason}"
+    return "", ""
+
+
+def event_rows(events: Iterable[T.Event]) -> list[dict[str, Any]]:
+    """One row per event, in the order the engine emitted them."""
+    rows = []
+    for i, e in enumerate(events):
+        blocks, detail = _detail(e)
+        rows.append({"#": i, "event": e.type, "what": _WHAT.get(e.type, e.type),
+                     "request": getattr(e, "request_id", "") or "", "blocks": blocks,
+                     "detail": detail})
+    return rows
+
+
+def step_summary(events: Iterable[T.Event]) -> str:
+    """'3 allocated · 1 cached · …' for the grid caption."""
+    counts: dict[str, int] = {}
+    for e in events:
+        if e.type in ("request_progress", "request_scheduled", "prefix_lookup"):
+            continue  # every step has these; they would drown the rare ones
+        counts[_WHAT[e.type]] = counts.get(_WHAT[e.type], 0) + 1
+    return " · ".join(f"{n} {w}" for w, n in counts.items()) or "no block changes"

@@ -1,0 +1,76 @@
+"""Per-request block tables: logical block i → physical block id, with fill.
+
+Each request is one row; logical block i is a bar segment from i to i+1. A
+partial last block is drawn only as long as its filled share, inside a dashed
+outline of the whole block, so internal fragmentation is visible per request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from dashboard import palette as P
+from dashboard.blocks import request_rows
+from dashboard.figures.style import base_layout, empty_figure
+
+ROW_PX = 24  # one request row; readable ids at 1280 px wide
+
+
+def _label(row: dict[str, Any]) -> str:
+    fork = f" (fork of {row['parent_id']})" if row["parent_id"] else ""
+    return f"{row['request_id']}{fork} · {row['status']}"
+
+
+def tables_figure(snapshot: dict[str, Any], max_rows: int = 64) -> go.Figure:
+    """Horizontal segmented bars, one row per request (arrival order, top first)."""
+    rows = request_rows(snapshot)[:max_rows]
+    title = (f"Block tables at step {snapshot['step']}: logical block → physical block id "
+             f"(x in blocks of {snapshot['block_size']} token slots)")
+    if not rows:
+        return empty_figure(title, "No requests in the engine. Submit one on the Submit page.")
+    bs = snapshot["block_size"]
+    seg: dict[str, dict[str, list]] = {s: {"x": [], "base": [], "y": [], "text": [], "hover": []}
+                                       for s in (P.USED, P.SHARED)}
+    outline = {"x": [], "base": [], "y": [], "hover": []}
+    labels = []
+    for r in rows:
+        y = _label(r)
+        labels.append(y)
+        for i, (b, fill, st) in enumerate(zip(r["table"], r["fills"], r["states"])):
+            s = seg[st]
+            s["x"].append(max(fill, 0.15 * bs) / bs)  # an empty new block stays visible
+            s["base"].append(i)
+            s["y"].append(y)
+            s["text"].append(str(b))
+            s["hover"].append(f"{r['request_id']}: logical {i} → physical {b}<br>"
+                              f"{fill}/{bs} slots filled · {P.BLOCK_LABELS[st]}")
+            if fill < bs:
+                outline["x"].append(1)
+                outline["base"].append(i)
+                outline["y"].append(y)
+                outline["hover"].append(f"{r['request_id']}: block {b} has {bs - fill} of "
+                                        f"{bs} slots still empty (internal fragmentation)")
+    fig = go.Figure()
+    fig.add_trace(go.Bar(
+        x=outline["x"], base=outline["base"], y=outline["y"], orientation="h",
+        name="unfilled slots of a partial block", hovertext=outline["hover"],
+        hoverinfo="text", marker=dict(color="rgba(0,0,0,0)",
+                                      line=dict(color="#64748B", width=1.2)),
+        marker_pattern=dict(shape="/", fgcolor="#CBD5E1", size=6)))
+    for st, s in seg.items():
+        fig.add_trace(go.Bar(
+            x=s["x"], base=s["base"], y=s["y"], orientation="h", text=s["text"],
+            textposition="inside", insidetextanchor="middle", textfont=dict(size=10),
+            textangle=0,
+            hovertext=s["hover"], hoverinfo="text", name=P.BLOCK_LABELS[st],
+            marker=dict(color=P.BLOCK_COLORS[st], line=dict(color="white", width=1))))
+    longest = max((len(r["table"]) for r in rows), default=1)
+    base_layout(fig, title=title, height=110 + ROW_PX * len(rows))
+    fig.update_layout(barmode="overlay", bargap=0.25, uniformtext=dict(mode="hide", minsize=8))
+    fig.update_xaxes(title_text="logical block index (1 unit = one block)",
+                     range=[0, max(longest, 4) + 0.2], dtick=1 if longest <= 24 else 4)
+    fig.update_yaxes(categoryorder="array", categoryarray=labels, autorange="reversed",
+                     title_text="request · status")
+    return fig

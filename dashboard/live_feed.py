@@ -1,0 +1,93 @@
+"""LiveFeed: turns the websocket client's view into RunFrames for the Live page.
+
+``LiveConnection`` (engine.server.live) folds steps into the pool state on its own
+thread but keeps only a bounded window of recent steps. The Live page also wants
+the whole run (latency distributions, the contiguous baseline), so the feed keeps
+every StepRecord of the current run, filling any gap (steps that scrolled out of
+the client's window between two polls) from the run's SQLite recording.
+
+Writer: ``poll`` (under ``_lock``); shared by all sessions via st.cache_resource.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import Any
+
+from engine.events.step import StepRecord
+from engine.store import db as dbm
+from engine.store.runs import RunStore
+
+from dashboard.frame import RunFrame
+
+MAX_RECORDS = 50_000  # ~hours of steps; beyond, the oldest go (charts window anyway)
+
+
+class LiveFeed:
+    """Accumulates the live run's steps; ``frame(view)`` builds what Live draws."""
+
+    def __init__(self, store: RunStore | None = None) -> None:
+        self._lock = threading.Lock()
+        self._store = store or RunStore()
+        self.run_id: str | None = None
+        self.records: list[StepRecord] = []
+        self.last_seq = -1
+        self.max_tokens: dict[str, int | None] = {}  # params of requests sent from here
+        self.missing_steps = 0  # steps lost for good (neither in the window nor stored)
+
+    def note_submission(self, request_id: str, params: dict[str, Any]) -> None:
+        """Remember a request's max_tokens (the contiguous baseline reserves by it)."""
+        with self._lock:
+            self.max_tokens[request_id] = params.get("max_tokens")
+
+    def poll(self, view: Any) -> list[StepRecord]:
+        """Take the view's new steps (seq order); returns this run's records so far."""
+        with self._lock:
+            if view.run_id != self.run_id:
+                self.run_id, self.records, self.last_seq = view.run_id, [], -1
+            fresh = sorted((s for s in view.recent_steps if s["seq"] > self.last_seq),
+                           key=lambda s: s["seq"])
+            if fresh and fresh[0]["seq"] > self.last_seq + 1:
+                self._fill_gap(fresh[0]["seq"])
+            for s in fresh:
+                try:
+                    self.records.append(StepRecord.from_dict(s))
+                except (KeyError, ValueError):
+                    continue  # a malformed step message: skip it, the state still folds
+                self.last_seq = s["seq"]
+            if len(self.records) > MAX_RECORDS:
+                del self.records[:len(self.records) - MAX_RECORDS]
+            return list(self.records)
+
+    def _fill_gap(self, next_seq: int) -> None:
+        """Load the steps between ``last_seq`` and ``next_seq`` from the recording."""
+        want = range(self.last_seq + 1, next_seq)
+        got: list[StepRecord] = []
+        if self.run_id is not None:
+            try:
+                with self._store.db() as d:  # only the missing rows, not the whole run
+                    rows = list(d["steps"].rows_where(
+                        "run_id = ? and seq >= ? and seq < ?", [self.run_id, want.start,
+                                                                 want.stop], order_by="seq"))
+                got = [StepRecord.from_dict({**r, "events": dbm.loads(r["events"], []),
+                                             "metrics": dbm.loads(r["metrics"], {})})
+                       for r in rows]
+            except (OSError, ValueError, sqlite3.Error):
+                got = []  # the recording is optional for the live view
+        self.missing_steps += len(want) - len(got)
+        self.records.extend(got)
+        if got:
+            self.last_seq = got[-1].seq
+
+    def frame(self, view: Any, records: list[StepRecord]) -> RunFrame | None:
+        """The RunFrame for the view's folded state (None before the first snapshot)."""
+        if view.state is None:
+            return None
+        events = next((r.events for r in reversed(records) if r.seq == view.seq), [])
+        history = [r.metrics for r in records]
+        if not history and view.metrics:
+            history = [view.metrics]
+        return RunFrame(source="live", key=view.run_id or "live", snapshot=view.state,
+                        events=events, history=history, config=view.config or {},
+                        records=records, max_tokens=dict(self.max_tokens))

@@ -1,0 +1,65 @@
+"""One palette for every page, so a colour means the same thing everywhere.
+
+Block states follow ``engine.events.render.block_char``: free (ref 0, no hash),
+free-but-cached (ref 0 with a hash: hittable, evicted LRU), in use (ref 1),
+shared (ref > 1). Things that relate share a hue on purpose: a prefix hit reuses
+cached blocks (teal), a copy-on-write copy un-shares a shared block (violet).
+"""
+
+from __future__ import annotations
+
+# ---- block states (grid, block tables, legends) -----------------------------
+FREE, CACHED, USED, SHARED = "free", "cached", "in use", "shared"
+BLOCK_STATES = (FREE, CACHED, USED, SHARED)  # code = index (heatmap z)
+BLOCK_COLORS = {
+    FREE: "#E5E7EB",    # light grey: empty slot memory, nothing worth keeping
+    CACHED: "#2DD4BF",  # teal: free but hittable until LRU eviction reuses it
+    USED: "#3B82F6",    # blue: one request owns it
+    SHARED: "#8B5CF6",  # violet: several requests read it (prefix hit or fork)
+}
+BLOCK_LABELS = {
+    FREE: "free",
+    CACHED: "free but cached (hittable, evicted LRU)",
+    USED: "in use (ref 1)",
+    SHARED: "shared (ref > 1)",
+}
+CHANGED = "#EF4444"  # red outline: touched by the last step's events
+
+# ---- events over time ----------------------------------------------------------
+EVICTION = "#F97316"    # orange: a cached hash was dropped to reuse its block
+COW_COPY = BLOCK_COLORS[SHARED]
+PREEMPTION = "#DC2626"  # red: a request lost its blocks and will recompute
+EVENT_COLORS = {"eviction": EVICTION, "copy-on-write": COW_COPY, "preemption": PREEMPTION}
+
+# ---- scheduler ------------------------------------------------------------------
+PREFILL = "#0EA5E9"  # sky: prompt tokens (chunks)
+DECODE = "#22C55E"   # green: one new token per running request
+BUDGET = "#111827"   # near-black dashed line: max_num_batched_tokens
+WAITING, RUNNING, PREEMPTED = "#F59E0B", "#3B82F6", PREEMPTION
+REQUEST_STATUS_COLORS = {"waiting": WAITING, "running": RUNNING, "preempted": PREEMPTED}
+
+# ---- prefix cache ------------------------------------------------------------
+HIT = BLOCK_COLORS[CACHED]
+MISS_COLORS = {
+    "cold": "#94A3B8",      # slate: never cached
+    "evicted": EVICTION,    # cached once, evicted since
+    "partial": "#FACC15",   # yellow: shorter than a full block, never hashable
+    "disabled": "#475569",  # dark slate: prefix caching is off
+}
+
+# ---- memory split (paged vs contiguous) ----------------------------------------
+MEMORY_COLORS = {
+    "filled": BLOCK_COLORS[USED],          # slots holding a token's K/V
+    "internal fragmentation": "#93C5FD",   # allocated slots of partial last blocks
+    "reserved, unused": "#FCA5A5",         # contiguous over-reservation
+    "stranded (external fragmentation)": "#F87171",
+    "cached": BLOCK_COLORS[CACHED],
+    "free": BLOCK_COLORS[FREE],
+}
+
+# ---- usage and latency series --------------------------------------------------
+KV_CACHE_USAGE = "#1D4ED8"
+KV_TOKEN_USAGE = "#60A5FA"
+FRAGMENTATION = "#F43F5E"
+TTFT, ITL = "#0EA5E9", "#A855F7"
+RUN_A, RUN_B = "#2563EB", "#EA580C"  # compare page: left run, right run
