@@ -20,6 +20,7 @@ from engine.store import db as dbm
 from engine.store.runs import RunStore
 
 from dashboard.frame import RunFrame
+from dashboard.token_text import token_text_for
 
 MAX_RECORDS = 50_000  # ~hours of steps; beyond, the oldest go (charts window anyway)
 
@@ -90,4 +91,5 @@ class LiveFeed:
             history = [view.metrics]
         return RunFrame(source="live", key=view.run_id or "live", snapshot=view.state,
                         events=events, history=history, config=view.config or {},
-                        records=records, max_tokens=dict(self.max_tokens))
+                        records=records, max_tokens=dict(self.max_tokens),
+                        token_text=token_text_for(view.config))

@@ -20,6 +20,7 @@ from engine.events.step import StepRecord
 from engine.store.runs import RunStore
 
 from dashboard.frame import RunFrame
+from dashboard.token_text import token_text_for
 
 CHECKPOINT_EVERY = 32  # folds at most 32 steps per frame; a checkpoint costs one PoolState copy
 
@@ -82,7 +83,7 @@ class StoredRun:
         return RunFrame(source="replay", key=self.run["id"], snapshot=snap, events=rec.events,
                         history=[r.metrics for r in self.records[:index + 1]],
                         config=self.config, records=self.records,
-                        max_tokens=self.max_tokens)
+                        max_tokens=self.max_tokens, token_text=token_text_for(self.config))
 
     def next_index(self, index: int, kind: str, backwards: bool = False) -> int | None:
         """The next (or previous) record index whose events include ``kind``."""

@@ -74,6 +74,7 @@ class LLMEngine:
             max_model_len=self.scheduler_config.max_model_len,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             kv_bytes_per_block=self.parts.kv_bytes_per_block,
+            tokenizer_file=_tokenizer_file(self.parts.loaded.weights_dir),
         )
         return d
 
@@ -216,6 +217,12 @@ class LLMEngine:
             "num_requests_running": len(self.scheduler.running),
             "num_requests_waiting": len(self.scheduler.waiting),
         }
+
+
+def _tokenizer_file(weights_dir) -> str | None:
+    """The fast tokenizer's JSON, so a torch-free reader (the dashboard) can decode ids."""
+    path = weights_dir / "tokenizer.json"
+    return str(path.resolve()) if path.is_file() else None
 
 
 def _group_id(core_id: str) -> str:
