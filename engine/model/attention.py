@@ -116,23 +116,59 @@ class AttentionBackend(abc.ABC):
 
 
 class TorchAttentionBackend(AttentionBackend):
-    """Pure-torch paged attention from `kernels.reference`; the CPU default."""
+    """Pure-torch paged attention; the CPU default.
+
+    ``impl="fast"`` (default) runs `kernels.torch_paged`: decodes batched into one
+    gather + two bmm, prefill chunks through SDPA. ``impl="reference"`` runs the simple
+    per-sequence twin in `kernels.reference` (same results within fp32 rounding).
+    The fast path memoises its per-step plan on the metadata object it was built
+    from (every layer of a forward pass sees the same one), so one backend instance
+    serves one runner at a time.
+    """
+
+    def __init__(self, impl: Literal["fast", "reference"] = "fast") -> None:
+        if impl not in ("fast", "reference"):
+            raise ValueError(f"unknown torch attention impl {impl!r}; use fast or reference")
+        self.impl = impl
+        self._plan_meta: AttentionMetadata | None = None  # the meta the plan was built from
+        self._plan = None
+        self._slots: torch.Tensor | None = None  # the slot_mapping _slots_valid describes
+        self._slots_valid = False
 
     @property
     def name(self) -> str:
         return "torch"
 
     def write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        from kernels.reference import reshape_and_cache_ref
+        if self.impl == "reference":
+            from kernels.reference import reshape_and_cache_ref
 
-        reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+            reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+            return
+        from kernels.torch_paged import reshape_and_cache_fast
+
+        if slot_mapping is not self._slots:
+            self._slots, self._slots_valid = slot_mapping, bool((slot_mapping >= 0).all())
+        reshape_and_cache_fast(key, value, key_cache, value_cache, slot_mapping,
+                               all_valid=self._slots_valid)
 
     def attend(self, query, key_cache, value_cache, meta, scale) -> torch.Tensor:
-        from kernels.reference import paged_attention_ref
+        if self.impl == "reference":
+            from kernels.reference import paged_attention_ref
 
-        return paged_attention_ref(
+            return paged_attention_ref(
+                query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
+                meta.query_start_loc, scale,
+            )
+        from kernels.torch_paged import build_plan, paged_attention_fast
+
+        if meta is not self._plan_meta:
+            self._plan = build_plan(meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                    key_cache.shape[1])
+            self._plan_meta = meta
+        return paged_attention_fast(
             query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
-            meta.query_start_loc, scale,
+            meta.query_start_loc, scale, plan=self._plan,
         )
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:

@@ -1,0 +1,128 @@
+"""Before/after of one speed change, measured step by step in one engine.
+
+    python -m bench.step_ab attention   # kernels.reference vs kernels.torch_paged
+    python -m bench.step_ab cascade     # shared-prefix decode without / with cascade
+    python -m bench.step_ab threads     # 1 vs 2 torch threads
+
+On a shared machine, whole-run timings drift with other jobs' load. Here the two
+settings alternate every engine step (A B B A A B B A ...) on the same engine and the
+same requests, so drift hits both alike; both settings give the same tokens, so the
+run itself does not care which one computed a step. Reported: median and min step
+time per setting, split into prefill steps (a 512-token budget of prompt chunks)
+and decode steps (16 running sequences), and the median over adjacent (A, B) pairs
+of B's time / A's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bench import workloads as W
+from bench.measure import loadavg
+
+_SETTINGS = {
+    "attention": ("reference", "fast"),
+    "cascade": ("no cascade", "cascade"),
+    "threads": ("1 thread", "2 threads"),
+}
+
+
+def _apply(kind: str, setting: str, engine) -> None:
+    from engine.model.attention import TorchAttentionBackend
+    from kernels import torch_paged
+
+    if kind == "attention":
+        engine.runner.backend = TorchAttentionBackend("reference" if setting == "reference" else "fast")
+    elif kind == "cascade":
+        torch_paged._MIN_SHARED_BLOCKS = 10**9 if setting == "no cascade" else 4
+    elif kind == "threads":
+        torch.set_num_threads(1 if setting == "1 thread" else 2)
+
+
+def _order(k: int, a: str, b: str) -> str:
+    """A B B A, repeated: each pair (2i, 2i+1) holds one of each, in alternating order."""
+    return (a, b, b, a)[k % 4]
+
+
+def _paired_ratio(ta: list[float], tb: list[float]) -> float:
+    # the i-th A and the i-th B ran in the same pair of adjacent steps
+    return statistics.median(y / x for x, y in zip(ta, tb))
+
+
+def run(kind: str, steps: int = 40, model: str = "smollm2-135m") -> dict:
+    from bench.run_kvscope import make_engine
+    from engine import SamplingParams
+    from engine.model.loader import load_model
+
+    torch.set_num_threads(1)
+    loaded = load_model(model)
+    name = "shared_prefix" if kind == "cascade" else "mixed"
+    wl = W.build(name, loaded.tokenizer, W.QUICK).head(16)
+    a, b = _SETTINGS[kind]
+    times: dict[tuple[str, str], list[float]] = {(p, s): [] for p in ("prefill", "decode") for s in (a, b)}
+    engine = make_engine(loaded, model, 16, 1024)
+    # prefill phase: a long queue of prompts with max_tokens=1, prefix caching off, so
+    # every step is a full 512-token budget of prompt chunks
+    if kind != "cascade":
+        reqs = [r.prompt_ids for r in W.build(name, loaded.tokenizer, W.QUICK).requests]
+        engine2 = make_engine(loaded, model, 16, 1024, enable_prefix_caching=False)
+        for i in range(steps):
+            for j in range(4):
+                engine2.add_request(list(reqs[(4 * i + j) % len(reqs)]),
+                                    SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        k = 0
+        while engine2.has_unfinished_requests() and k < steps:
+            setting = _order(k, a, b)
+            _apply(kind, setting, engine2)
+            t = time.perf_counter()
+            engine2.step()
+            times[("prefill", setting)].append(time.perf_counter() - t)
+            k += 1
+        del engine2
+    for r in wl.requests:
+        engine.add_request(list(r.prompt_ids), SamplingParams(temperature=0, max_tokens=steps + 40,
+                                                              ignore_eos=True))
+    sched = engine.scheduler
+    while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.requests.values()):
+        engine.step()  # until all 16 are decoding
+    engine.step()
+    for k in range(steps):
+        setting = _order(k, a, b)
+        _apply(kind, setting, engine)
+        t = time.perf_counter()
+        engine.step()
+        times[("decode", setting)].append(time.perf_counter() - t)
+    _apply(kind, b, engine)
+    out = {"kind": kind, "settings": [a, b], "loadavg": loadavg(), "phases": {}}
+    for phase in ("prefill", "decode"):
+        ta, tb = times[(phase, a)], times[(phase, b)]
+        if not ta or not tb:
+            continue
+        ma, mb = statistics.median(ta), statistics.median(tb)
+        out["phases"][phase] = {a: {"median_ms": 1e3 * ma, "min_ms": 1e3 * min(ta), "n": len(ta)},
+                                b: {"median_ms": 1e3 * mb, "min_ms": 1e3 * min(tb), "n": len(tb)},
+                                "ratio_b_over_a": _paired_ratio(ta, tb)}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("kind", choices=sorted(_SETTINGS))
+    p.add_argument("--steps", type=int, default=40)
+    args = p.parse_args()
+    print(f"load average before: {loadavg()}")
+    res = run(args.kind, args.steps)
+    a, b = res["settings"]
+    for phase, r in res["phases"].items():
+        print(f"{args.kind} / {phase}: {a} median {r[a]['median_ms']:.0f} ms (min {r[a]['min_ms']:.0f}), "
+              f"{b} median {r[b]['median_ms']:.0f} ms (min {r[b]['min_ms']:.0f}); "
+              f"{b} / {a} = {r['ratio_b_over_a']:.2f}")
+    print(f"load average after: {res['loadavg']}")
+
+
+if __name__ == "__main__":
+    main()
