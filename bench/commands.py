@@ -19,7 +19,8 @@ def add_bench_subcommands(sub) -> None:
                    help="smaller workloads (a few minutes on 2 cores instead of ~15-25)")
     p.add_argument("--max-num-seqs", type=int, default=16,
                    help="kvscope's max_num_seqs; also the baseline's static batch size")
-    p.add_argument("--num-kv-blocks", type=int, default=1024)
+    p.add_argument("--num-kv-blocks", type=int, default=512,
+                   help="kvscope KV pool in blocks of 16 tokens (512 = 8192 slots, 360 MiB for SmolLM2)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: the engine's choice, 1 on <= 2 cores)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",

@@ -3,6 +3,7 @@
     python -m bench.step_ab attention   # kernels.reference vs kernels.torch_paged
     python -m bench.step_ab cascade     # shared-prefix decode without / with cascade
     python -m bench.step_ab threads     # 1 vs 2 torch threads
+    python -m bench.step_ab packed      # F.linear vs oneDNN-packed weights for small batches
 
 On a shared machine, whole-run timings drift with other jobs' load. Here the two
 settings alternate every engine step (A B B A A B B A ...) on the same engine and the
@@ -28,6 +29,7 @@ _SETTINGS = {
     "attention": ("reference", "fast"),
     "cascade": ("no cascade", "cascade"),
     "threads": ("1 thread", "2 threads"),
+    "packed": ("F.linear", "packed"),
 }
 
 
@@ -41,6 +43,10 @@ def _apply(kind: str, setting: str, engine) -> None:
         torch_paged._MIN_SHARED_BLOCKS = 10**9 if setting == "no cascade" else 4
     elif kind == "threads":
         torch.set_num_threads(1 if setting == "1 thread" else 2)
+    elif kind == "packed":
+        from engine.model import layers
+
+        layers.PACKED_MAX_ROWS = 64 if setting == "packed" else 0
 
 
 def _order(k: int, a: str, b: str) -> str:

@@ -101,9 +101,35 @@ def build_plan(
         if q_len != seq_len:  # a cached prefix: query j sees keys 0 .. seq_len - q_len + j
             mask = torch.ones(q_len, seq_len, dtype=torch.bool, device=dev).tril(seq_len - q_len)
         prefills.append(PrefillChunk(q0, q1, seq_len, tables[s, :nb], mask))
-    groups = tuple(_decode_groups(decodes, tables, lens, block_size))
+    groups: list[DecodeGroup] = []
+    sharing, rest = _split_by_shared_prefix(decodes, tables, lens, block_size)
+    for part in (*sharing, rest):
+        groups.extend(_decode_groups(part, tables, lens, block_size))
     num_tokens = starts[-1] if starts else 0
-    return PagedPlan(groups, tuple(prefills), num_tokens)
+    return PagedPlan(tuple(groups), tuple(prefills), num_tokens)
+
+
+def _split_by_shared_prefix(decodes, tables, lens, block_size):
+    """(sets of decodes that start with the same >= _MIN_SHARED_BLOCKS full physical
+    blocks, the other decodes). Only sequences whose prompt was served from the same
+    cached blocks share them: the first requests of a burst compute their own copy."""
+    by_first: dict[int, list[tuple[int, int, int]]] = {}
+    for d in decodes:
+        if lens[d[1]] >= _MIN_SHARED_BLOCKS * block_size:
+            by_first.setdefault(int(tables[d[1], 0]), []).append(d)
+    sharing, in_sets = [], set()
+    for items in by_first.values():
+        if len(items) < 2:
+            continue
+        full = min(lens[s] for _, s, _ in items) // block_size
+        rows = tables[[s for _, s, _ in items], :full].tolist()
+        common = 0
+        while common < full and all(r[common] == rows[0][common] for r in rows):
+            common += 1
+        if common >= _MIN_SHARED_BLOCKS:
+            sharing.append(items)
+            in_sets.update(s for _, s, _ in items)
+    return sharing, [d for d in decodes if d[1] not in in_sets]
 
 
 def _decode_groups(decodes, tables, lens, block_size):

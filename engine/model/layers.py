@@ -7,6 +7,7 @@ fp32 upcasts) so our logits match theirs to ~1e-5 in float32.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable
 
 import torch
@@ -117,11 +118,71 @@ class RotaryEmbedding(nn.Module):
         return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
+# Small-batch float32 GEMMs on the CPU (decode steps: one row per running sequence)
+# run through oneDNN with a weight packed once into its blocked layout: measured on the
+# 2-core AVX2 dev box at 16 rows, 1.2x (gate/up) to 1.6x (the 49152-row lm_head)
+# faster than F.linear's MKL path; at hundreds of rows (prefill) the two are equal,
+# so bigger batches keep F.linear. The packed copy doubles the weights' memory.
+PACKED_MAX_ROWS = 64
+
+
+def _packing_enabled() -> bool:
+    if os.environ.get("KVSCOPE_PACKED_LINEAR", "1") == "0":
+        return False
+    return (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+class PackedWeightCache:
+    """A oneDNN-packed copy of one CPU float32 weight, rebuilt if the weight changes.
+
+    Writer: only ``linear`` (lazily, on the first small batch). Staleness is caught by
+    the weight's storage pointer and version counter (in-place loads bump it).
+    """
+
+    __slots__ = ("packed", "ptr", "version", "failed")
+
+    def __init__(self) -> None:
+        self.packed: torch.Tensor | None = None
+        self.ptr = 0
+        self.version = -1
+        self.failed = False
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``, through the packed weight when that is faster."""
+        if (x.dim() != 2 or x.shape[0] > PACKED_MAX_ROWS or x.device.type != "cpu"
+                or x.dtype != torch.float32 or weight.dtype != torch.float32 or self.failed):
+            return F.linear(x, weight, bias)
+        packed = self._get(weight)
+        if packed is None:
+            return F.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+
+    def _get(self, weight: torch.Tensor) -> torch.Tensor | None:
+        try:
+            version = weight._version
+        except RuntimeError:  # an inference tensor: no version counter, pointer only
+            version = -2
+        if self.packed is None or self.ptr != weight.data_ptr() or self.version != version:
+            if not _packing_enabled():
+                self.failed = True
+                return None
+            try:  # a private op: if this torch build lacks or changed it, use F.linear
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+            except Exception:  # noqa: BLE001
+                self.failed = True
+                return None
+            self.ptr, self.version = weight.data_ptr(), version
+        return self.packed
+
+
 class Linear(nn.Module):
     """y = x W^T + b with uninitialised weight slots (filled by `load_weights`).
 
     Fused projections (QKV, gate/up) are simply a Linear whose weight is several HF
     weights concatenated along the output dim; one GEMM instead of two or three.
+    Small batches on the CPU go through a packed copy of the weight (see above).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
@@ -130,9 +191,10 @@ class Linear(nn.Module):
         self.bias = (
             nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         )
+        self.packed = PackedWeightCache()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        return F.linear(x, self.weight, self.bias)
+        return self.packed.linear(x, self.weight, self.bias)
 
 
 class LayerNorm(nn.Module):

@@ -16,7 +16,9 @@ from torch import nn
 from engine.model.attention import AttentionBackend, AttentionMetadata
 from engine.model.base import CausalLM, empty_param
 from engine.model.kv_cache import KVCache
-from engine.model.layers import Linear, RMSNorm, RotaryEmbedding, activation, rope_settings
+from engine.model.layers import (
+    Linear, PackedWeightCache, RMSNorm, RotaryEmbedding, activation, rope_settings,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,7 @@ class LlamaForCausalLM(CausalLM):
         self.layers = nn.ModuleList(LlamaDecoderLayer(d) for _ in range(d.num_layers))
         self.norm = RMSNorm(d.hidden, d.rms_eps)
         self.lm_head = None if d.tied else empty_param(d.vocab, d.hidden)
+        self.logits_packed = PackedWeightCache()  # the lm_head is the largest GEMM of a decode
 
     def weight_sources(self) -> dict[str, list[str]]:
         d = self.d
@@ -168,4 +171,4 @@ class LlamaForCausalLM(CausalLM):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return torch.nn.functional.linear(hidden, weight)  # [R, vocab]
+        return self.logits_packed.linear(hidden, weight, None)  # [R, vocab]

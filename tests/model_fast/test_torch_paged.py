@@ -116,3 +116,16 @@ def test_cascade_over_a_shared_prefix_matches_reference(seed):
     want = paged_attention_ref(*args, scale=0.25)
     got = paged_attention_fast(*args, scale=0.25, plan=plan)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+def test_cascade_finds_the_sharing_subset():
+    # 6 decodes share blocks 10..14; 2 others (computed their own copy) do not
+    shared = [10, 11, 12, 13, 14]
+    tables = [shared + [40 + i] for i in range(6)] + [[20 + 6 * j + k for k in range(6)] for j in range(2)]
+    lens = [5 * 4 + 1 + i % 3 for i in range(8)]
+    plan = build_plan(torch.tensor(tables, dtype=torch.int32), lens, list(range(9)), 4)
+    cascades = [g for g in plan.decode_groups if g.shared is not None]
+    assert len(cascades) == 1 and cascades[0].shared.tolist() == shared
+    assert sorted(cascades[0].rows.tolist()) == list(range(6))
+    rows = sorted(r for g in plan.decode_groups for r in g.rows.tolist())
+    assert rows == list(range(8))

@@ -1,0 +1,63 @@
+"""Small-batch CPU linears through oneDNN-packed weights (engine.model.layers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.model import layers
+from engine.model.layers import Linear, PackedWeightCache
+
+
+def _filled(in_f: int, out_f: int, bias: bool, seed: int = 0) -> Linear:
+    gen = torch.Generator().manual_seed(seed)
+    lin = Linear(in_f, out_f, bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(out_f, in_f, generator=gen))
+        if bias:
+            lin.bias.copy_(torch.randn(out_f, generator=gen))
+    return lin
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 64, 65, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_f_linear(rows, bias):
+    lin = _filled(96, 160, bias)
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
+
+
+def test_small_batches_use_the_packed_copy_and_large_ones_do_not():
+    if not layers._packing_enabled():
+        pytest.skip("this torch build has no oneDNN linear")
+    lin = _filled(32, 48, True)
+    lin(torch.randn(layers.PACKED_MAX_ROWS + 1, 32))
+    assert lin.packed.packed is None
+    lin(torch.randn(4, 32))
+    assert lin.packed.packed is not None
+
+
+def test_repacks_after_the_weight_changes_in_place():
+    lin = _filled(32, 48, False)
+    x = torch.randn(3, 32)
+    lin(x)
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight), atol=1e-4, rtol=1e-5)
+
+
+def test_other_dtypes_fall_back(monkeypatch):
+    cache = PackedWeightCache()
+    w = torch.randn(8, 4, dtype=torch.float64)
+    x = torch.randn(2, 4, dtype=torch.float64)
+    assert torch.equal(cache.linear(x, w, None), F.linear(x, w))
+    assert cache.packed is None
+
+
+def test_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv("KVSCOPE_PACKED_LINEAR", "0")
+    lin = _filled(16, 8, False)
+    x = torch.randn(2, 16)
+    assert torch.equal(lin(x), F.linear(x, lin.weight))
+    assert lin.packed.packed is None
