@@ -121,13 +121,13 @@ def render_markdown(results: dict) -> str:
         out += [
             "#### events cost",
             "",
-            f"{ev['workload']}. An events-off and an events-on engine (events, metrics, the `step` frame "
-            "encoded as the server streams it, and a Recorder writing SQLite) run this in lockstep, one step "
-            f"each in turn. Off: {ev['throughput_off']:.2f} tok/s of step time; on, engine thread only: "
-            f"{ev['throughput_on_engine_thread']:.2f} tok/s ({100 * ev['loss_engine_thread']:.1f}% loss); "
-            f"on, with the recorder thread's {'?' if cpu is None else f'{cpu:.2f}'} s of CPU added: "
-            f"{ev['throughput_on']:.2f} tok/s (**{100 * ev['loss']:.1f}% loss**, {ev['rows_recorded']} rows "
-            f"recorded). From CPU seconds instead of wall time: {100 * ev['loss_cpu_time']:.1f}% loss.",
+            f"{ev['workload']}. One engine runs it with events off and on alternating step by step "
+            "(on = core events, metrics, the `step` frame encoded as the server streams it, and a Recorder "
+            f"writing SQLite); {ev['pairs']} adjacent off/on step pairs. Engine thread: median off/on step "
+            f"time {ev['median_pair_ratio_off_over_on']:.3f} ({100 * ev['loss_engine_thread']:.1f}% loss); with "
+            f"the recorder thread's {'?' if cpu is None else f'{cpu:.2f}'} s of CPU charged to on: "
+            f"**{100 * ev['loss']:.1f}% loss** ({ev['rows_recorded']} rows recorded). From CPU seconds "
+            f"instead of wall time: {100 * ev['loss_cpu_time']:.1f}%.",
             "",
         ]
     return "\n".join(out).rstrip() + "\n"

@@ -153,9 +153,9 @@ def run_bench(opts: BenchOptions) -> dict:
     if opts.events_cost:
         from bench.events_cost import run_events_ab
 
-        # two engines in lockstep on the first max_num_seqs mixed requests, outputs capped
-        # (the cost is per step, so a short run measures it as well as a long one)
-        wl = W.build("mixed", tok, opts.scale, opts.seed).head(opts.max_num_seqs,
+        # the first 2 x max_num_seqs mixed requests, outputs capped: the cost is per
+        # step, so what matters is many decode steps, not long requests
+        wl = W.build("mixed", tok, opts.scale, opts.seed).head(2 * opts.max_num_seqs,
                                                                 opts.scale.events_max_tokens)
         results["events_cost"] = run_events_ab(loaded, opts.model, wl, opts.max_num_seqs,
                                                opts.num_kv_blocks, bars, **base_kw)
