@@ -178,8 +178,7 @@ class LLMEngine:
         events = self.log.drain()
         if not self.config.enable_events and not self.step_listeners:
             return
-        snap = self.scheduler.snapshot(tokens=False)  # metrics need counts, not token ids
-        self.last_metrics = self.metrics.update(events, snap, ts, lat)
+        self.last_metrics = self.metrics.update(events, self.scheduler.pool_summary(), ts, lat)
         record = StepRecord(self._seq, self.scheduler.step, ts, events, self.last_metrics)
         self._seq += 1
         for listener in list(self.step_listeners):
@@ -198,10 +197,7 @@ class LLMEngine:
 
     def stats(self) -> dict:
         kv = self.scheduler.kv
-        snap = self.scheduler.snapshot(tokens=False)
-        from engine.events.metrics import pool_figures
-
-        figures = pool_figures(snap)
+        figures = self.scheduler.pool_summary().figures()
         return {
             "num_blocks": self.cache_config.num_blocks,
             "block_size": self.cache_config.block_size,

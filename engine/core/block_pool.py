@@ -96,6 +96,7 @@ class BlockPool:
         self.children: dict[str | None, set[Block]] = {}
         self.log = log
         self.num_evictions = 0
+        self.num_cached_free = 0  # ref_count 0 with a hash: hittable, evicted LRU
 
     @property
     def num_free(self) -> int:
@@ -114,6 +115,7 @@ class BlockPool:
         """Add a reference to an existing block (prefix hit or fork)."""
         if b.ref_count == 0:
             self.free_queue.remove(b)
+            self.num_cached_free -= b.hash is not None
         b.ref_count += 1
 
     def release(self, b: Block, request_id: str) -> None:
@@ -126,6 +128,7 @@ class BlockPool:
                 self.free_queue.appendleft(b)
             else:
                 self.free_queue.append(b)
+                self.num_cached_free += 1
 
     def cache(self, b: Block, block_hash: str, parent_hash: str | None,
               token_ids: tuple[int, ...]) -> bool:
@@ -134,6 +137,7 @@ class BlockPool:
             return False
         b.hash, b.parent_hash, b.token_ids = block_hash, parent_hash, token_ids
         self.cached[block_hash] = b
+        self.num_cached_free += b.ref_count == 0
         self.children.setdefault(parent_hash, set()).add(b)
         self.log.add(BlockCached(self.log.step, b.id, block_hash, parent_hash, token_ids))
         return True
@@ -142,6 +146,7 @@ class BlockPool:
         """Drop a block's hash: an eviction."""
         assert b.hash is not None
         del self.cached[b.hash]
+        self.num_cached_free -= b.ref_count == 0
         siblings = self.children.get(b.parent_hash)
         if siblings is not None:
             siblings.discard(b)

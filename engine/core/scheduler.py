@@ -18,6 +18,7 @@ from engine.core.config import CacheConfig, SchedulerConfig, check_capacity
 from engine.core.errors import PromptTooLongError, QueueFullError
 from engine.core.event_log import EventLog
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.pool_summary import PoolSummary, summarize_manager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from engine.core.snapshot import build_snapshot
@@ -212,6 +213,10 @@ class Scheduler:
             req.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
+
+    def pool_summary(self) -> PoolSummary:
+        """The counts per-step metrics need; far cheaper than ``snapshot()``."""
+        return summarize_manager(self.step, self.kv, self.requests.values())
 
     def snapshot(self, tokens: bool = True) -> dict:
         """The engine's true pool and request state (the protocol's snapshot shape)."""

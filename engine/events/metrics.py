@@ -1,4 +1,4 @@
-"""Per-step metrics from a step's events plus the post-step snapshot (pure Python).
+"""Per-step metrics from a step's events plus the post-step pool summary (pure Python).
 
 Writer: the engine owns one ``MetricsTracker`` and calls ``update`` once per step;
 the result is the ``metrics`` dict of that step's ``StepRecord``. Names follow
@@ -6,7 +6,7 @@ vLLM where vLLM has one. "Cumulative" means since construction or the last
 ``reset()`` (one run), which answers vLLM #46938 (no per-run hit rate there).
 A rate or percentile with nothing to divide or rank is ``None``.
 
-Pool (from the snapshot; a block is *referenced* when its ref_count > 0):
+Pool (from the PoolSummary; a block is *referenced* when its ref_count > 0):
 - ``kv_cache_usage``: referenced blocks / all blocks (fraction 0..1). Unlike vLLM
   every block counts, so cached-but-free blocks are free here as there.
 - ``kv_token_usage``: filled slots of referenced blocks / all slots (fraction).
@@ -23,7 +23,7 @@ Counters (events): ``num_preemptions`` (request_preempted), ``num_evictions``
 (block_evicted of LRU reuse; the evictions of a prefix-cache reset are counted in
 ``prefix_cache_resets`` instead), ``cow_copies`` — each cumulative and ``_step``;
 ``num_requests_finished`` (+ ``_step``).
-Scheduler (requests from the snapshot, tokens from request_scheduled this step):
+Scheduler (requests from the PoolSummary, tokens from request_scheduled this step):
 - ``num_requests_waiting`` (status waiting, preempted excluded),
   ``num_requests_running``, ``num_requests_preempted`` — requests.
 - ``num_prefill_tokens``, ``num_decode_tokens``, ``num_batched_tokens`` (their
@@ -47,6 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.pool_summary import PoolSummary, summarize_snapshot
 from engine.events import types as T
 
 MISS_CAUSES = ("cold", "evicted", "partial", "disabled")
@@ -103,25 +104,8 @@ def _ratio(num: float, den: float) -> float | None:
 
 
 def pool_figures(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """Usage and fragmentation of one snapshot (see module docstring)."""
-    bs, n = snapshot["block_size"], snapshot["num_blocks"]
-    used = shared = cached_free = filled = 0
-    for b in snapshot["blocks"]:
-        if b["ref_count"] > 0:
-            used += 1
-            filled += b["num_tokens"]
-            shared += b["ref_count"] > 1
-        elif b["hash"] is not None:
-            cached_free += 1
-    return {
-        "kv_cache_usage": used / n,
-        "kv_token_usage": filled / (n * bs),
-        "internal_fragmentation": 1.0 - filled / (used * bs) if used else 0.0,
-        "num_used_blocks": used,
-        "num_free_blocks": n - used,
-        "num_shared_blocks": shared,
-        "num_cached_free_blocks": cached_free,
-    }
+    """Usage and fragmentation of one snapshot dict (see module docstring)."""
+    return summarize_snapshot(snapshot).figures()
 
 
 class MetricsTracker:
@@ -142,9 +126,13 @@ class MetricsTracker:
         self._samples: dict[str, list[float]] = {"ttft": [], "itl": [], "e2e": []}
         self._window: deque[tuple[float, int]] = deque()  # (step ts, output tokens)
 
-    def update(self, events: Iterable[T.Event], snapshot: dict[str, Any], ts: float,
+    def update(self, events: Iterable[T.Event], pool: PoolSummary, ts: float,
                latencies: LatencyObservations | None = None) -> dict[str, Any]:
-        """Metrics of one step: its events, the snapshot after it, its end time ``ts``."""
+        """Metrics of one step: its events, the pool after it, its end time ``ts``.
+
+        ``pool`` comes from ``Scheduler.pool_summary()`` (live) or
+        ``summarize_snapshot`` (a snapshot dict).
+        """
         step = dict.fromkeys(self._COUNTERS, 0)
         prefill = decode = 0
         evict_run = 0  # consecutive block_evicted events; a reset claims the run before it
@@ -178,8 +166,8 @@ class MetricsTracker:
                 step["num_output_tokens"] += len(e.new_token_ids)
         step["num_evictions"] += evict_run
 
-        out: dict[str, Any] = {"step": snapshot.get("step"), "ts": ts}
-        out.update(pool_figures(snapshot))
+        out: dict[str, Any] = {"step": pool.step, "ts": ts}
+        out.update(pool.figures())
         for k in self._COUNTERS:
             self._totals[k] += step[k]
             out[k] = self._totals[k]
@@ -189,9 +177,7 @@ class MetricsTracker:
         out["prefix_cache_hit_rate_step"] = _ratio(step["prefix_cache_hits"],
                                                    step["prefix_cache_queries"])
 
-        statuses = [r["status"] for r in snapshot["requests"].values()]
-        for status in ("waiting", "running", "preempted"):
-            out[f"num_requests_{status}"] = statuses.count(status)
+        out.update(pool.request_counts())
         budget = self.config.max_num_batched_tokens
         out.update(num_prefill_tokens=prefill, num_decode_tokens=decode,
                    num_batched_tokens=prefill + decode, token_budget=budget,

@@ -31,6 +31,7 @@ def check_invariants(s):
         assert (b.ref_count == 0) == (b.id in set(free_ids)), f"{b} is both/neither free and used"
         assert b.ref_count == holders.get(b.id, 0), f"{b}: ref {b.ref_count} != holders"
     assert len(free_ids) + sum(1 for b in pool.blocks if b.ref_count) == len(pool.blocks)
+    assert pool.num_cached_free == sum(1 for b in pool.blocks if b.ref_count == 0 and b.hash)
     for h, b in pool.cached.items():
         assert b.hash == h and hash_block(b.parent_hash, b.token_ids) == h
     for rid, table in s.kv.tables.items():
@@ -43,11 +44,8 @@ def check_invariants(s):
         assert r.request_id not in s.kv.tables or not s.kv.tables[r.request_id]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(op, min_size=1, max_size=40), prefix=st.booleans(), chunk=st.sampled_from([3, 8, 64]))
-def test_random_operations_keep_invariants(ops, prefix, chunk):
-    s = make_scheduler(block_size=4, num_blocks=10, max_model_len=40, budget=chunk, prefix=prefix,
-                       max_num_seqs=4)
+def run_ops(s, ops, check) -> None:
+    """Apply hypothesis ``ops`` to scheduler ``s``, then step it dry; ``check(s)`` after each."""
     n = 0
     for o in ops:
         if o[0] == "add":
@@ -61,11 +59,19 @@ def test_random_operations_keep_invariants(ops, prefix, chunk):
             s.finish_request(rid, RequestStatus.FINISHED_ABORTED)
         elif o[0] == "reset":
             s.kv.reset_prefix_cache()
-        check_invariants(s)
+        check(s)
     for _ in range(400):
         if not s.has_unfinished_requests():
             break
         step(s)
-        check_invariants(s)
+        check(s)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, min_size=1, max_size=40), prefix=st.booleans(), chunk=st.sampled_from([3, 8, 64]))
+def test_random_operations_keep_invariants(ops, prefix, chunk):
+    s = make_scheduler(block_size=4, num_blocks=10, max_model_len=40, budget=chunk, prefix=prefix,
+                       max_num_seqs=4)
+    run_ops(s, ops, check_invariants)
     assert not s.has_unfinished_requests()
     assert s.kv.pool.num_free == 10

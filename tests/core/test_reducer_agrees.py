@@ -2,12 +2,11 @@
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engine.core import RequestStatus
 from engine.events.reducer import PoolState
 from engine.events.types import event_from_dict
 
 from tests.core.driver import make_scheduler, req, step
-from tests.core.test_invariants import STEMS, op
+from tests.core.test_invariants import STEMS, op, run_ops
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -18,7 +17,7 @@ def test_reducer_rebuilds_engine_state_after_every_operation(ops, prefix, chunk)
     state = PoolState(10, 4)
     seen = set()
 
-    def check():
+    def check(_s):
         events = s.log.drain()
         seen.update(e.type for e in events)
         for e in events:  # through JSON, as the dashboard and replay receive them
@@ -28,24 +27,7 @@ def test_reducer_rebuilds_engine_state_after_every_operation(ops, prefix, chunk)
         got["step"] = snap["step"]
         assert got == snap
 
-    n = 0
-    for o in ops:
-        if o[0] == "add":
-            _, stem, tail, nsamp, max_tokens = o
-            s.add_request(req(f"r{n}", STEMS[stem] + tail, max_tokens=max_tokens, n=nsamp))
-            n += 1
-        elif o[0] == "step":
-            step(s)
-        elif o[0] == "abort" and s.requests:
-            s.finish_request(sorted(s.requests)[o[1] % len(s.requests)], RequestStatus.FINISHED_ABORTED)
-        elif o[0] == "reset":
-            s.kv.reset_prefix_cache()
-        check()
-    for _ in range(400):
-        if not s.has_unfinished_requests():
-            break
-        step(s)
-        check()
+    run_ops(s, ops, check)
 
 
 def test_workload_with_every_kind_of_event_agrees():

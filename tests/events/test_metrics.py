@@ -8,6 +8,7 @@ from engine.events import types as T
 from engine.events.metrics import (
     MISS_CAUSES, LatencyObservations, MetricsConfig, MetricsTracker, percentile, pool_figures,
 )
+from engine.core.pool_summary import summarize_snapshot
 from engine.events.reducer import empty_state
 
 
@@ -60,7 +61,7 @@ def test_step_counters_and_scheduler_figures():
     m = MetricsTracker(MetricsConfig(block_size=4, num_blocks=4, max_num_batched_tokens=32))
     s = snap(requests={"a": req("running"), "b": req("running"), "w": req("waiting"),
                        "d": req("preempted")})
-    out = m.update(STEP1, s, ts=100.0)
+    out = m.update(STEP1, summarize_snapshot(s), ts=100.0)
     assert (out["prefix_cache_queries"], out["prefix_cache_hits"]) == (18, 4)
     assert out["prefix_cache_hit_rate"] == out["prefix_cache_hit_rate_step"] == 4 / 18
     assert [out[f"prefix_cache_miss_{c}"] for c in MISS_CAUSES] == [4, 4, 6, 0]
@@ -72,13 +73,13 @@ def test_step_counters_and_scheduler_figures():
             out["token_budget"], out["budget_used"]) == (14, 1, 15, 32, 15 / 32)
     assert out["num_output_tokens_step"] == 2
 
-    out2 = m.update([], s, ts=101.0)
+    out2 = m.update([], summarize_snapshot(s), ts=101.0)
     assert out2["prefix_cache_queries"] == 18 and out2["prefix_cache_queries_step"] == 0
     assert out2["prefix_cache_hit_rate"] == 4 / 18 and out2["prefix_cache_hit_rate_step"] is None
     assert out2["num_preemptions"] == 1 and out2["num_preemptions_step"] == 0
 
     m.reset()
-    out3 = m.update([], s, ts=102.0)
+    out3 = m.update([], summarize_snapshot(s), ts=102.0)
     assert out3["prefix_cache_queries"] == 0 and out3["prefix_cache_hit_rate"] is None
     assert out3["output_throughput_tps"] is None
 
@@ -87,19 +88,19 @@ def test_latency_percentiles_and_throughput_window():
     m = MetricsTracker(MetricsConfig(4, 4, 16, throughput_window_s=10.0))
     s = snap()
     prog = lambda n: [T.RequestProgress(1, "a", 1, 1, tuple(range(n)))]  # noqa: E731
-    o = m.update(prog(2), s, 0.0, LatencyObservations(ttft_s=(0.1, 0.3)))
+    o = m.update(prog(2), summarize_snapshot(s), 0.0, LatencyObservations(ttft_s=(0.1, 0.3)))
     assert o["ttft_s"] == [0.1, 0.3] and o["itl_s"] == [] and o["e2e_p50_s"] is None
     assert o["ttft_p50_s"] == pytest.approx(0.2)
     assert o["output_throughput_tps"] is None  # one step: no interval yet
-    o = m.update(prog(3), s, 1.0, LatencyObservations(ttft_s=(0.2,), itl_s=(0.05,)))
+    o = m.update(prog(3), summarize_snapshot(s), 1.0, LatencyObservations(ttft_s=(0.2,), itl_s=(0.05,)))
     assert o["ttft_p50_s"] == pytest.approx(0.2)
     assert o["ttft_p90_s"] == pytest.approx(0.28)  # 0.2 + 0.8 * (0.3 - 0.2)
     assert o["itl_p99_s"] == pytest.approx(0.05)
     assert o["output_throughput_tps"] == pytest.approx(3.0)  # 3 tokens over 1 s
-    o = m.update(prog(5), s, 2.0)
+    o = m.update(prog(5), summarize_snapshot(s), 2.0)
     assert o["output_throughput_tps"] == pytest.approx(4.0)  # (3 + 5) over 2 s
     assert o["num_output_tokens"] == 10
-    o = m.update(prog(1), s, 20.0)  # everything older left the 10 s window
+    o = m.update(prog(1), summarize_snapshot(s), 20.0)  # everything older left the 10 s window
     assert o["output_throughput_tps"] is None
 
 
@@ -125,7 +126,7 @@ lookup = st.tuples(*(st.integers(0, 64) for _ in range(5))).map(
 def test_miss_causes_add_up_to_queries_minus_hits(steps):
     m = MetricsTracker(MetricsConfig(4, 4, 16))
     for i, evs in enumerate(steps):
-        o = m.update(evs, snap(), float(i))
+        o = m.update(evs, summarize_snapshot(snap()), float(i))
         for suffix in ("", "_step"):
             misses = sum(o[f"prefix_cache_miss_{c}{suffix}"] for c in MISS_CAUSES)
             assert misses == o[f"prefix_cache_queries{suffix}"] - o[f"prefix_cache_hits{suffix}"]
