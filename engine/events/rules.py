@@ -1,0 +1,219 @@
+"""The reducer's per-event rules: how each event type changes a ``PoolState``.
+
+``HANDLERS`` maps every event class to its rule; ``PoolState.apply_event`` is
+the only caller. A rule checks that its event fits the folded state and raises
+``ImpossibleEventError`` when it does not (the engine and reducer drifted).
+The semantics each rule follows are stated in ``engine.events.types``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.events import types as T
+from engine.events.request_state import PREEMPTED, RUNNING, WAITING, RequestState
+
+if TYPE_CHECKING:
+    from engine.events.pool_state import PoolState
+
+
+class ImpossibleEventError(ValueError):
+    """An event does not fit the folded state: the engine and reducer drifted."""
+
+
+# ---- checks and reference moves shared by the rules -------------------------
+
+def _req(s: PoolState, e: T.Event, rid: str) -> RequestState:
+    r = s.requests.get(rid)
+    if r is None:
+        raise ImpossibleEventError(f"{e.type} at step {e.step}: unknown request {rid!r}")
+    return r
+
+
+def _block(s: PoolState, e: T.Event, b: int) -> int:
+    if not isinstance(b, int) or not 0 <= b < s.num_blocks:
+        raise ImpossibleEventError(f"{e.type} at step {e.step}: no block {b!r} "
+                                   f"(pool has {s.num_blocks})")
+    return b
+
+
+def _take_fresh(s: PoolState, e: T.Event, b: int) -> None:
+    """A free, hashless block gets its first reference (allocation or cow dst)."""
+    _block(s, e, b)
+    if s.ref[b] != 0:
+        raise ImpossibleEventError(f"{e.type} at step {e.step}: block {b} has ref_count "
+                                   f"{s.ref[b]}, expected a free block")
+    if s.hash[b] is not None:
+        raise ImpossibleEventError(f"{e.type} at step {e.step}: block {b} still holds hash "
+                                   f"{s.hash[b][:12]}; a block_evicted must come first")
+    del s.free[b]
+    s.ref[b] = 1
+
+
+def _touch(s: PoolState, e: T.Event, b: int) -> None:
+    """Add a reference to an existing block (hit or fork)."""
+    _block(s, e, b)
+    if s.ref[b] == 0:
+        del s.free[b]
+    s.ref[b] += 1
+
+
+# ---- block events ------------------------------------------------------------
+
+def _allocated(s: PoolState, e: T.BlockAllocated) -> None:
+    r = _req(s, e, e.request_id)
+    if e.logical_index != len(r.table):
+        raise ImpossibleEventError(f"block_allocated at step {e.step}: {e.request_id!r} has "
+                                   f"{len(r.table)} blocks, event appends at {e.logical_index}")
+    _take_fresh(s, e, e.block)
+    r.table.append(e.block)
+
+
+def _freed(s: PoolState, e: T.BlockFreed) -> None:
+    b = _block(s, e, e.block)
+    r = _req(s, e, e.request_id)
+    if s.ref[b] - 1 != e.ref_count or s.ref[b] == 0:
+        raise ImpossibleEventError(f"block_freed at step {e.step}: block {b} has ref_count "
+                                   f"{s.ref[b]}, event says it drops to {e.ref_count}")
+    if r.table and r.table[-1] == b:  # the usual case: tables are freed tail first
+        idx = len(r.table) - 1
+        r.table.pop()
+    elif b in r.table:
+        idx = r.table.index(b)
+        r.table[idx] = None  # keep later indices stable; a cow_copy refills it
+    else:
+        raise ImpossibleEventError(f"block_freed at step {e.step}: block {b} is not in "
+                                   f"{e.request_id!r}'s table {r.table}")
+    s.ref[b] -= 1
+    if s.ref[b] == 0:
+        s.free[b] = None
+        if s.hash[b] is None:
+            s.free.move_to_end(b, last=False)  # hashless: reused first
+    s.last_free = (e.request_id, b, idx)
+
+
+def _cached(s: PoolState, e: T.BlockCached) -> None:
+    b = _block(s, e, e.block)
+    if s.ref[b] == 0:
+        raise ImpossibleEventError(f"block_cached at step {e.step}: block {b} is free")
+    if s.hash[b] is not None:
+        raise ImpossibleEventError(f"block_cached at step {e.step}: block {b} already holds a hash")
+    s.hash[b] = e.hash
+    s.block_tokens[b] = tuple(e.token_ids)
+
+
+def _evicted(s: PoolState, e: T.BlockEvicted) -> None:
+    # In-use blocks may lose their hash too (a prefix-cache reset forgets every
+    # hash); the block keeps its place in the free queue either way.
+    b = _block(s, e, e.block)
+    if s.hash[b] != e.hash:
+        raise ImpossibleEventError(f"block_evicted at step {e.step}: block {b} holds hash "
+                                   f"{s.hash[b]!r}, event evicts {e.hash!r}")
+    s.hash[b] = None
+    s.block_tokens[b] = None
+
+
+def _prefix_hit(s: PoolState, e: T.PrefixHit) -> None:
+    r = _req(s, e, e.request_id)
+    if r.table:
+        raise ImpossibleEventError(f"prefix_hit at step {e.step}: {e.request_id!r} already "
+                                   f"holds blocks {r.table}")
+    for b in e.blocks:
+        _block(s, e, b)
+        if s.hash[b] is None:
+            raise ImpossibleEventError(f"prefix_hit at step {e.step}: block {b} is not cached")
+    for b in e.blocks:
+        _touch(s, e, b)
+    r.table.extend(e.blocks)
+    r.num_cached_tokens = r.num_computed_tokens = e.num_tokens
+
+
+def _prefix_lookup(s: PoolState, e: T.PrefixLookup) -> None:
+    # The lookup is recorded at admission, before its prefix_hit (if any).
+    r = _req(s, e, e.request_id)
+    r.num_cached_tokens = r.num_computed_tokens = e.num_hit_tokens
+
+
+def _cow(s: PoolState, e: T.CowCopy) -> None:
+    r = _req(s, e, e.request_id)
+    i, src = e.logical_index, e.src
+    _block(s, e, src)
+    if i < len(r.table) and r.table[i] == src:
+        if s.ref[src] < 2:
+            raise ImpossibleEventError(f"cow_copy at step {e.step}: src block {src} has "
+                                       f"ref_count {s.ref[src]}, copy-on-write needs > 1")
+        s.ref[src] -= 1  # the request's reference moves from src to dst
+    elif s.last_free != (e.request_id, src, i):
+        raise ImpossibleEventError(f"cow_copy at step {e.step}: {e.request_id!r} does not hold "
+                                   f"src block {src} at logical index {i} ({r.table})")
+    # else: the engine released src with a block_freed just before; nothing to drop.
+    _take_fresh(s, e, e.dst)
+    if i == len(r.table):
+        r.table.append(e.dst)
+    else:
+        r.table[i] = e.dst
+
+
+def _cache_reset(s: PoolState, e: T.PrefixCacheReset) -> None:
+    stale = [b for b in s.free if s.hash[b] is not None]
+    if stale:
+        raise ImpossibleEventError(f"prefix_cache_reset at step {e.step}: free blocks {stale} "
+                                   f"still hold hashes (block_evicted must precede the reset)")
+
+
+# ---- request events ----------------------------------------------------------
+
+def _arrived(s: PoolState, e: T.RequestArrived) -> None:
+    if e.request_id in s.requests:
+        raise ImpossibleEventError(f"request_arrived at step {e.step}: {e.request_id!r} exists")
+    s.requests[e.request_id] = RequestState(WAITING, [], e.num_prompt_tokens, 0, 0,
+                                            list(e.prompt_token_ids), None, e.arrival_index)
+
+
+def _forked(s: PoolState, e: T.RequestForked) -> None:
+    if e.request_id in s.requests:
+        raise ImpossibleEventError(f"request_forked at step {e.step}: {e.request_id!r} exists")
+    for b in e.blocks:
+        _touch(s, e, b)
+    # A table implies running (waiting/preempted requests hold no blocks); the child
+    # inherits its parent's prefix-cache credit, as the engine's Request.fork does.
+    parent = s.requests.get(e.parent_id)
+    s.requests[e.request_id] = RequestState(RUNNING if e.blocks else WAITING, list(e.blocks),
+                                            e.num_tokens, e.num_computed_tokens,
+                                            parent.num_cached_tokens if parent else 0,
+                                            list(e.token_ids), e.parent_id, e.arrival_index)
+
+
+def _scheduled(s: PoolState, e: T.RequestScheduled) -> None:
+    _req(s, e, e.request_id).status = RUNNING
+
+
+def _progress(s: PoolState, e: T.RequestProgress) -> None:
+    r = _req(s, e, e.request_id)
+    r.num_tokens, r.num_computed_tokens = e.num_tokens, e.num_computed_tokens
+    r.token_ids.extend(e.new_token_ids)
+
+
+def _preempted(s: PoolState, e: T.RequestPreempted) -> None:
+    r = _req(s, e, e.request_id)
+    if r.table:
+        raise ImpossibleEventError(f"request_preempted at step {e.step}: {e.request_id!r} still "
+                                   f"holds blocks {r.table} (block_freed events must precede)")
+    r.status, r.num_computed_tokens = PREEMPTED, 0
+
+
+def _finished(s: PoolState, e: T.RequestFinished) -> None:
+    r = _req(s, e, e.request_id)
+    if r.table:
+        raise ImpossibleEventError(f"request_finished at step {e.step}: {e.request_id!r} still "
+                                   f"holds blocks {r.table} (block_freed events must precede)")
+    del s.requests[e.request_id]
+
+
+HANDLERS = {
+    T.BlockAllocated: _allocated, T.BlockFreed: _freed, T.BlockCached: _cached,
+    T.BlockEvicted: _evicted, T.PrefixHit: _prefix_hit, T.PrefixLookup: _prefix_lookup,
+    T.CowCopy: _cow, T.PrefixCacheReset: _cache_reset, T.RequestArrived: _arrived,
+    T.RequestForked: _forked, T.RequestScheduled: _scheduled, T.RequestProgress: _progress,
+    T.RequestPreempted: _preempted, T.RequestFinished: _finished,
+}
