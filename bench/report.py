@@ -121,10 +121,12 @@ def render_markdown(results: dict) -> str:
         out += [
             "#### events cost",
             "",
-            f"{ev['workload']}. One engine runs it with events off and on alternating step by step "
+            f"{ev['workload']}. A fresh engine runs it with events off and on alternating step by step "
             "(on = core events, metrics, the `step` frame encoded as the server streams it, and a Recorder "
-            f"writing SQLite); {ev['pairs']} adjacent off/on step pairs. Engine thread: median off/on step "
-            f"time {ev['median_pair_ratio_off_over_on']:.3f} ({100 * ev['loss_engine_thread']:.1f}% loss); with "
+            f"writing SQLite), {ev.get('repeats', 1)} times; {ev['pairs']} adjacent off/on step pairs in all. "
+            f"Engine thread: median off/on step time {ev['median_pair_ratio_off_over_on']:.3f} "
+            f"({100 * ev['loss_engine_thread']:.1f}% loss; per pass: "
+            f"{', '.join(f'{100 * x:.1f}%' for x in ev.get('loss_engine_thread_per_pass', []))}); with "
             f"the recorder thread's {'?' if cpu is None else f'{cpu:.2f}'} s of CPU charged to on: "
             f"**{100 * ev['loss']:.1f}% loss** ({ev['rows_recorded']} rows recorded). From CPU seconds "
             f"instead of wall time: {100 * ev['loss_cpu_time']:.1f}%.",
