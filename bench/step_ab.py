@@ -4,6 +4,7 @@
     python -m bench.step_ab cascade     # shared-prefix decode without / with cascade
     python -m bench.step_ab threads     # 1 vs 2 torch threads
     python -m bench.step_ab packed      # F.linear vs oneDNN-packed weights for small batches
+    python -m bench.step_ab cascade_flash  # cascade with explicit scores vs flash + LSE merge
 
 On a shared machine, whole-run timings drift with other jobs' load. Here the two
 settings alternate every engine step (A B B A A B B A ...) on the same engine and the
@@ -30,7 +31,9 @@ _SETTINGS = {
     "cascade": ("no cascade", "cascade"),
     "threads": ("1 thread", "2 threads"),
     "packed": ("F.linear", "packed"),
+    "cascade_flash": ("scores GEMM", "flash + LSE merge"),
 }
+_FLASH_LSE = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 def _apply(kind: str, setting: str, engine) -> None:
@@ -43,6 +46,10 @@ def _apply(kind: str, setting: str, engine) -> None:
         torch_paged._MIN_SHARED_BLOCKS = 10**9 if setting == "no cascade" else 4
     elif kind == "threads":
         torch.set_num_threads(1 if setting == "1 thread" else 2)
+    elif kind == "cascade_flash":
+        from kernels import torch_cascade
+
+        torch_cascade._FLASH_LSE = None if setting == "scores GEMM" else _FLASH_LSE
     elif kind == "packed":
         from engine.model import layers
 
@@ -66,14 +73,15 @@ def run(kind: str, steps: int = 40, model: str = "smollm2-135m") -> dict:
 
     torch.set_num_threads(1)
     loaded = load_model(model)
-    name = "shared_prefix" if kind == "cascade" else "mixed"
+    cascade = kind.startswith("cascade")
+    name = "shared_prefix" if cascade else "mixed"
     wl = W.build(name, loaded.tokenizer, W.QUICK).head(16)
     a, b = _SETTINGS[kind]
     times: dict[tuple[str, str], list[float]] = {(p, s): [] for p in ("prefill", "decode") for s in (a, b)}
     engine = make_engine(loaded, model, 16, 1024)
     # prefill phase: a long queue of prompts with max_tokens=1, prefix caching off, so
     # every step is a full 512-token budget of prompt chunks
-    if kind != "cascade":
+    if not cascade:
         reqs = [r.prompt_ids for r in W.build(name, loaded.tokenizer, W.QUICK).requests]
         engine2 = make_engine(loaded, model, 16, 1024, enable_prefix_caching=False)
         for i in range(steps):

@@ -11,9 +11,10 @@ simple twin that tests compare against. What makes this one faster:
   `scaled_dot_product_attention` with an additive mask for the padding. Sequences of
   very different lengths are split into groups so padding stays bounded.
 - Decodes whose contexts start with the same physical blocks (a shared system prompt
-  hit in the prefix cache) attend to that shared prefix once per group: it is gathered
-  once and scored with one GEMM for all of the group's queries ("cascade" attention),
-  instead of being copied out once per sequence.
+  hit in the prefix cache) attend to that shared prefix once per group: it is read
+  once (a view when its block ids run in a row) and attended by all of the group's
+  queries in one flash call; each sequence's own tail is a second, batched flash call,
+  and the two are merged by their log-sum-exp ("cascade" attention).
 - Prefill chunks use `scaled_dot_product_attention` per sequence (flash kernel on CPU,
   native GQA), causal with the cached prefix visible (bottom-right aligned mask).
 - Writes to the cache use `index_copy_` (no boolean mask, no sync) when every slot in
@@ -26,6 +27,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from kernels.paged_gather import gather_blocks
+from kernels.torch_cascade import attend_decode_cascade
 
 # Decode sequences are grouped so that padding every group to its own longest
 # context wastes at most this fraction of the gathered slots; each extra group costs
@@ -53,6 +57,7 @@ class DecodeGroup:
     num_seqs: int
     num_blocks: int  # nb, per sequence, after the shared blocks
     shared: torch.Tensor | None = None  # int64 [ns]; blocks every sequence starts with
+    shared_start: int | None = None  # set when ``shared`` is the id run start .. start + ns - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,13 +154,17 @@ def _decode_groups(decodes, tables, lens, block_size):
         sl = torch.tensor([lens[s] for _, s, _ in group], device=dev)
         ns = _num_shared_blocks(blocks, min(lens[s] for _, s, _ in group) // block_size)
         shared = None
+        shared_start = None
         if len(group) > 1 and ns >= _MIN_SHARED_BLOCKS:
             shared, blocks, nb = blocks[0, :ns], blocks[:, ns:], nb - ns
+            ids = shared.tolist()
+            if ids == list(range(ids[0], ids[0] + ns)):  # a prompt's blocks, taken in a row
+                shared_start = ids[0]
         pos = torch.arange(((ns if shared is not None else 0) + nb) * block_size, device=dev)
         bias = torch.zeros(len(group), 1, 1, pos.shape[0], device=dev)
         bias.masked_fill_((pos[None, :] >= sl[:, None])[:, None, None, :], float("-inf"))
         rows = torch.tensor([r for _, _, r in group], dtype=torch.int64, device=dev)
-        return DecodeGroup(rows, blocks.reshape(-1), bias, len(group), nb, shared)
+        return DecodeGroup(rows, blocks.reshape(-1), bias, len(group), nb, shared, shared_start)
 
     for item in decodes:
         if group:
@@ -177,69 +186,27 @@ def _num_shared_blocks(blocks: torch.Tensor, full_blocks: int) -> int:
     return int(same.int().cumprod(0).sum())
 
 
-def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """[len(blocks) * bs, kvh, hd], contiguous: the blocks' token rows in order.
-
-    `index_select` over whole blocks of the contiguous cache is several times faster
-    than advanced indexing (or gathering a permuted view) on the CPU.
-    """
-    num_blocks, bs, kvh, hd = cache.shape
-    rows = cache.view(num_blocks, bs * kvh * hd).index_select(0, blocks)
-    return rows.view(blocks.shape[0] * bs, kvh, hd)
-
-
 def _attend_decode_group(query, key_cache, value_cache, grp: DecodeGroup, scale: float) -> torch.Tensor:
     """[D, heads, hd] for one decode group."""
     if grp.shared is not None:
-        return _attend_decode_cascade(query, key_cache, value_cache, grp, scale)
+        return attend_decode_cascade(query, key_cache, value_cache, grp, scale)
     kvh, hd = key_cache.shape[2], key_cache.shape[3]
     heads = query.shape[1]
     D, L = grp.num_seqs, grp.num_blocks * key_cache.shape[1]
     # [D, L, kvh, hd] -> [D, kvh, L, hd] as a strided view: SDPA reads it in place
-    k = _gather(key_cache, grp.blocks).view(D, L, kvh, hd).transpose(1, 2).float()
-    v = _gather(value_cache, grp.blocks).view(D, L, kvh, hd).transpose(1, 2).float()
+    k = gather_blocks(key_cache, grp.blocks).view(D, L, kvh, hd).transpose(1, 2).float()
+    v = gather_blocks(value_cache, grp.blocks).view(D, L, kvh, hd).transpose(1, 2).float()
     q = query.index_select(0, grp.rows).float().view(D, heads, 1, hd)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=grp.bias, scale=scale,
                                        enable_gqa=heads != kvh)  # [D, heads, 1, hd]
     return o.view(D, heads, hd)
 
 
-def _attend_decode_cascade(query, key_cache, value_cache, grp: DecodeGroup, scale: float) -> torch.Tensor:
-    """[D, heads, hd]: the shared prefix once for the group, then each sequence's own tail.
-
-    Scores over prefix and tail are concatenated before one softmax, so this is the
-    same computation as attending to the whole context, in another order.
-    """
-    bs, kvh, hd = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
-    heads = query.shape[1]
-    g = heads // kvh
-    D, Ls = grp.num_seqs, grp.num_blocks * bs
-    Lp = grp.shared.shape[0] * bs
-    kp = _gather(key_cache, grp.shared).float().permute(1, 2, 0)  # [kvh, hd, Lp]
-    vp = _gather(value_cache, grp.shared).float().transpose(0, 1)  # [kvh, Lp, hd]
-    q = query.index_select(0, grp.rows).float().view(D, kvh, g, hd)
-    # prefix: one GEMM per kv head for all D * g query rows
-    qh = q.transpose(0, 1).reshape(kvh, D * g, hd)
-    s_prefix = torch.bmm(qh, kp).view(kvh, D, g, Lp).transpose(0, 1)  # [D, kvh, g, Lp]
-    parts = [s_prefix]
-    if Ls:
-        ks = _gather(key_cache, grp.blocks).float().view(D, Ls, kvh, hd)
-        parts.append(torch.matmul(q, ks.permute(0, 2, 3, 1)))  # [D, kvh, g, Ls]
-    scores = torch.cat(parts, dim=-1) * scale + grp.bias  # [D, kvh, g, Lp + Ls]
-    probs = torch.softmax(scores, dim=-1)
-    p_prefix = probs[..., :Lp].transpose(0, 1).reshape(kvh, D * g, Lp)
-    o = torch.bmm(p_prefix, vp).view(kvh, D, g, hd).transpose(0, 1)  # [D, kvh, g, hd]
-    if Ls:
-        vs = _gather(value_cache, grp.blocks).float().view(D, Ls, kvh, hd).transpose(1, 2)
-        o = o + torch.matmul(probs[..., Lp:], vs)
-    return o.reshape(D, heads, hd)
-
-
 def _attend_prefill(query, key_cache, value_cache, c: PrefillChunk, scale: float) -> torch.Tensor:
     """[q_len, heads, hd] for one prefill chunk over its paged context."""
     kvh = key_cache.shape[2]
-    k = _gather(key_cache, c.blocks)[: c.seq_len].transpose(0, 1).float()  # [kvh, L, hd]
-    v = _gather(value_cache, c.blocks)[: c.seq_len].transpose(0, 1).float()
+    k = gather_blocks(key_cache, c.blocks)[: c.seq_len].transpose(0, 1).float()  # [kvh, L, hd]
+    v = gather_blocks(value_cache, c.blocks)[: c.seq_len].transpose(0, 1).float()
     q = query[c.q0:c.q1].float().transpose(0, 1)  # [heads, q_len, hd]
     o = F.scaled_dot_product_attention(
         q[None], k[None], v[None], attn_mask=c.mask, is_causal=c.mask is None,

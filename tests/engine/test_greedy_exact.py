@@ -59,3 +59,23 @@ def test_shared_prefix_hits_and_still_matches(tiny_dirs, references):
     again = llm.generate(PROMPTS[1:2], SamplingParams(temperature=0, max_tokens=MAX_NEW))
     assert again[0].num_cached_tokens == 20  # 23 prompt tokens: (23 - 1) // 4 * 4
     assert first[0].outputs[0].token_ids == again[0].outputs[0].token_ids == references["llama"][1]
+
+
+def test_decodes_over_a_cached_shared_prompt_use_cascade_and_match(tiny_dirs, monkeypatch):
+    """Requests behind a cached 5-block system prompt decode through the cascade path
+    (prefix attended once for the group, tails apart, merged) and still match."""
+    from kernels import torch_paged
+
+    path = tiny_dirs["llama"]
+    system = list(range(220, 241))  # 21 tokens: 5 full blocks of 4
+    prompts = [system + [7 + i, 40 + i] for i in range(5)]
+    groups = []
+    real = torch_paged.attend_decode_cascade
+    monkeypatch.setattr(torch_paged, "attend_decode_cascade",
+                        lambda *a: groups.append(a[3].num_seqs) or real(*a))
+    llm = LLM(model=path, max_model_len=128, block_size=4, num_kv_blocks=256)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=1))  # caches the prompt
+    outs = llm.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=MAX_NEW))
+    assert groups and max(groups) == 4
+    eos = llm.engine.spec.eos_token_ids
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(path, p, MAX_NEW, eos) for p in prompts[1:]]

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from kernels import torch_cascade
 from kernels.reference import paged_attention_ref, reshape_and_cache_ref
 from kernels.torch_paged import build_plan, paged_attention_fast, reshape_and_cache_fast
 
@@ -82,7 +83,9 @@ def test_fast_cache_write_matches_reference(with_padding):
 
 def _shared_prefix_batch(seed: int, block_size: int, kv_heads: int, group: int, head_dim: int = 16):
     """Decodes whose tables start with the same physical blocks (a cached shared prompt),
-    with tails of different lengths; plus one prefill chunk over the same prefix."""
+    with tails of different lengths (0 included: no own keys); plus one prefill chunk
+    over the same prefix. Odd seeds take the prefix as a run of consecutive block ids
+    (as a prompt's blocks come off the free queue), even seeds scattered."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     num_blocks = 400
@@ -90,6 +93,9 @@ def _shared_prefix_batch(seed: int, block_size: int, kv_heads: int, group: int, 
     value_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
     free = torch.randperm(num_blocks, generator=gen).tolist()
     shared = [free.pop() for _ in range(rng.randint(4, 9))]
+    if seed % 2:
+        shared = list(range(200, 200 + len(shared)))
+        free = [b for b in free if b not in shared]
     tables, seq_lens, starts = [], [], [0]
     for i in range(rng.randint(2, 9)):
         tail = rng.randint(0, 3 * block_size)
@@ -105,14 +111,21 @@ def _shared_prefix_batch(seed: int, block_size: int, kv_heads: int, group: int, 
             torch.tensor(seq_lens, dtype=torch.int32), torch.tensor(starts, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("variant", ["flash", "gemm"])
 @pytest.mark.parametrize("seed", range(24))
-def test_cascade_over_a_shared_prefix_matches_reference(seed):
+def test_cascade_over_a_shared_prefix_matches_reference(seed, variant, monkeypatch):
+    if variant == "gemm":  # torch without the flash op that returns the log-sum-exp
+        monkeypatch.setattr(torch_cascade, "_FLASH_LSE", None)
+    else:
+        assert torch_cascade._FLASH_LSE is not None
     block_size = (1, 4, 16)[seed % 3]
     kv_heads, group = ((1, 1), (2, 2), (3, 3), (4, 1))[seed % 4]
     args = _shared_prefix_batch(seed, block_size, kv_heads, group)
     plan = build_plan(args[3], args[4], args[5], block_size)
     if len([g for g in plan.decode_groups if g.num_seqs > 1]):
-        assert any(g.shared is not None for g in plan.decode_groups)
+        cascades = [g for g in plan.decode_groups if g.shared is not None]
+        assert cascades
+        assert all((g.shared_start is not None) == bool(seed % 2) for g in cascades)
     want = paged_attention_ref(*args, scale=0.25)
     got = paged_attention_fast(*args, scale=0.25, plan=plan)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
