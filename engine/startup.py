@@ -91,10 +91,18 @@ def _profile_cuda_blocks(cfg: EngineConfig, loaded: LoadedModel, per_block: int,
     del runner
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
-    budget = int(total * cfg.gpu_memory_utilization) - peak
-    logger.info("CUDA profile: peak %.0f MiB of %.0f MiB; KV budget %.0f MiB at utilization %.2f",
-                peak / 2**20, total / 2**20, budget / 2**20, cfg.gpu_memory_utilization)
+    budget = kv_budget_bytes(total, free, peak, cfg.gpu_memory_utilization)
+    logger.info("CUDA profile: peak %.0f MiB, free %.0f MiB of %.0f MiB; KV budget %.0f MiB at "
+                "utilization %.2f", peak / 2**20, free / 2**20, total / 2**20, budget / 2**20,
+                cfg.gpu_memory_utilization)
     return max(0, budget // per_block)
+
+
+def kv_budget_bytes(total: int, free: int, peak: int, utilization: float) -> int:
+    """Bytes for the KV cache: ``utilization`` of the device minus this process's profiled
+    peak (weights + the largest step), but never more than is free right now (another
+    process on the same GPU, or the CUDA context, already holds the rest)."""
+    return max(0, min(int(total * utilization) - peak, free))
 
 
 def _greedy_row():
