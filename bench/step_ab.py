@@ -33,7 +33,7 @@ _SETTINGS = {
     "packed": ("F.linear", "packed"),
     "cascade_flash": ("scores GEMM", "flash + LSE merge"),
 }
-_FLASH_LSE = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _apply(kind: str, setting: str, engine) -> None:
