@@ -13,8 +13,11 @@ START=$SECONDS
 BUDGET=${GPU_CHECK_BUDGET_S:-465}  # whole script, seconds: leaves margin under 8 minutes
 OUTDIR=${OUT:-/tmp/kvscope_gpu_check}/gpu_check  # $OUT comes back from a lent machine
 mkdir -p "$OUTDIR"
-rm -f "$OUTDIR/summary.jsonl"
-export KVSCOPE_FORCE_COMPILED_TRITON=1 TRITON_DEFAULT_FP_FUSION=1 TOKENIZERS_PARALLELISM=false
+(cd "$OUTDIR" && rm -f summary.jsonl steps.log gpu_kernels.md kernels_bench.md gpu_e2e.md gpu_check_summary.md)
+# Only 8 files come back from a lent machine's $OUT: every step's output goes into one
+# steps.log there; the per-step copies (read back below) stay in a scratch folder.
+LOGDIR=$(mktemp -d)
+export KVSCOPE_FORCE_COMPILED_TRITON=1 TRITON_DEFAULT_FP_FUSION=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET
 
@@ -44,13 +47,13 @@ step() {  # name cap_seconds command... : run with the smaller of its cap and th
   if [ "$limit" -lt 20 ]; then
     echo "== $name: skipped, out of time"; note "$name" "skipped: out of time" "" "SKIP"; return 1
   fi
-  echo "== $name (limit ${limit}s)"
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUTDIR/$name.log"
+  echo "== $name (limit ${limit}s)" | tee -a "$OUTDIR/steps.log"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$OUTDIR/steps.log" "$LOGDIR/$name.log"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-    note "$name" "timed out after ${limit}s (see $name.log)" "" "FAIL"
+    note "$name" "timed out after ${limit}s (see steps.log)" "" "FAIL"
   elif [ "$rc" -ne 0 ] && [ "$name" != kernel_tests ]; then
-    note "$name" "exited with status $rc (see $name.log)" "" "FAIL"
+    note "$name" "exited with status $rc (see steps.log)" "" "FAIL"
   fi
   return "$rc"
 }
@@ -62,7 +65,7 @@ if "$PY" -c "import pytest" 2>/dev/null; then
     -k "not compile_for_sm90"
   rc=$?
   if [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then
-    summary=$(grep -E "passed|failed|error" "$OUTDIR/kernel_tests.log" | tail -1)
+    summary=$(grep -E "passed|failed|error" "$LOGDIR/kernel_tests.log" | tail -1)
     note "kernel tests, compiled (pytest tests/kernels)" "${summary:-exit status $rc}" "all pass" \
       "$([ "$rc" -eq 0 ] && echo PASS || echo FAIL)"
   fi
@@ -86,4 +89,5 @@ done
 echo
 "$PY" bench/gpu_report.py "$OUTDIR" --results bench/RESULTS.md --device "$DEVICE"
 [ -n "${OUT:-}" ] && cp bench/RESULTS.md "$OUT/RESULTS.md"
+rm -rf "$LOGDIR"
 echo "gpu_check: done in $(( SECONDS - START ))s; outputs in $OUTDIR"

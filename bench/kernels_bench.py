@@ -36,13 +36,21 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 
 def time_ms(fn, *, iters: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds per call: CUDA events on GPU, perf_counter on CPU."""
+    """Median milliseconds per call: CUDA events on GPU, perf_counter on CPU.
+
+    On GPU the device is kept busy (a ~0.5 ms spin kernel) while the host records the
+    start event and enqueues `fn`, so the events time the kernels, not the Python
+    wrapper's checks and launch overhead (tens of microseconds, as much as a whole
+    decode kernel at small sizes). A `fn` that syncs with the host is still timed whole.
+    """
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
         if CUDA:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if hasattr(torch.cuda, "_sleep"):
+                torch.cuda._sleep(1_000_000)  # cycles: ~0.5 ms at boost clock
             start.record()
             fn()
             end.record()
