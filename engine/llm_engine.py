@@ -142,7 +142,11 @@ class LLMEngine:
                 group.num_cached_tokens = sched.requests[s.request_id].num_cached_tokens
             if s.num_samples:
                 rows[s.request_id] = group.rows_for(s.request_id, s.num_samples)
-        sampled = self.runner.execute(out, rows)
+        try:
+            sampled = self.runner.execute(out, rows)
+        except BaseException:
+            sched.kv.uncache_uncomputed()  # blocks hashed for K/V this forward never wrote
+            raise
         now = time.time()
         tokens = {rid: [t.token_id for t in toks] for rid, toks in sampled.items()}
         children, finished = sched.update_from_output(out, tokens)

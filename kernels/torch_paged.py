@@ -117,7 +117,8 @@ def build_plan(
 def _split_by_shared_prefix(decodes, tables, lens, block_size):
     """(sets of decodes that start with the same >= _MIN_SHARED_BLOCKS full physical
     blocks, the other decodes). Only sequences whose prompt was served from the same
-    cached blocks share them: the first requests of a burst compute their own copy."""
+    cached blocks share them: a request that computed its prompt before the others could
+    hit it, or after its copy was evicted, holds its own copy."""
     by_first: dict[int, list[tuple[int, int, int]]] = {}
     for d in decodes:
         if lens[d[1]] >= _MIN_SHARED_BLOCKS * block_size:

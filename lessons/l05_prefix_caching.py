@@ -21,7 +21,9 @@ prompt, a few-shot preamble, the earlier turns of a chat. Their keys and values 
 same too, so the engine can reuse them instead of recomputing them.""",
     """**How the cache finds a prefix.** When a block is full, it gets a hash of
 *(parent block's hash, its tokens)*. Chaining the parent makes the hash stand for the
-whole prefix up to that block. A new request hashes its prompt block by block and takes
+whole prefix up to that block. As in vLLM, the hash is given when the step that fills
+the block is scheduled, so a request admitted later in that same step already hits it:
+the step's one forward writes the block's keys and values before any token attends. A new request hashes its prompt block by block and takes
 the longest run of blocks already in the cache: those become the first entries of its
 block table, shared (reference counted), and their tokens are not computed again.
 A freed block keeps its hash and stays hittable until the pool needs it back.

@@ -36,7 +36,8 @@ fit at once. If not even one fits, the engine refuses to start: a request could 
 never finish.""",
     f"""**The scenario.** `block_size` {BLOCK_SIZE}, `max_model_len` {MAX_MODEL_LEN} (4 blocks),
 and a budget worth {BUDGET_BLOCKS} blocks of this model. {NUM_REQ} requests each grow to the
-full {MAX_MODEL_LEN} tokens. Then the engine is started with a budget of {TINY_BLOCKS} blocks.""",
+full {MAX_MODEL_LEN} tokens; prefix caching is off, so no two of them share a block. Then the
+engine is started with a budget of {TINY_BLOCKS} blocks.""",
 )
 
 
@@ -45,8 +46,10 @@ def run(ctx) -> LessonResult:
     budget = int(per_block * BUDGET_BLOCKS)
     work = [Req(f"full{i}", ctx.prompt(f"Write a long story, part {i}. ", PROMPT), greedy(MAX_TOKENS))
             for i in range(NUM_REQ)]
+    # prefix caching off: the prompts share their chat-template head, and blocks shared
+    # through the cache would let more than the budget arithmetic's sequences run at once
     t = ctx.run(f"kv_cache_memory {budget} bytes", work, block_size=BLOCK_SIZE,
-                kv_cache_memory=budget, max_model_len=MAX_MODEL_LEN)
+                kv_cache_memory=budget, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False)
     num_blocks, engine_per_block = t.config["num_blocks"], t.config["kv_bytes_per_block"]
     per_seq = -(-MAX_MODEL_LEN // BLOCK_SIZE)
     together = max(sum(1 for e in r.events if isinstance(e, T.RequestScheduled)) for r in t.records)

@@ -45,6 +45,7 @@ class KVCacheManager:
         self.num_cow_copies = 0
         self.num_queries = 0  # prefix-cache lookup tokens at admission (vLLM's counters)
         self.num_hits = 0
+        self.cached_this_step: list[Block] = []  # hashed at schedule, K/V not yet computed
 
     # ---- lookup -------------------------------------------------------------
 
@@ -143,6 +144,10 @@ class KVCacheManager:
             b = self.pool.take()
             table.append(b)
             self.log.add(BlockAllocated(step, b.id, rid, len(table) - 1))
+        # As vLLM: the blocks this step fills are hashed now, so a request admitted later
+        # in the same step already hits them. Safe because one forward runs the whole
+        # step and every layer writes all of the step's K/V before any token attends.
+        self.cache_full_blocks(req, computed + num_new_tokens)
         return True
 
     def slot_mapping(self, req: Request, start: int, end: int) -> list[int]:
@@ -155,13 +160,13 @@ class KVCacheManager:
 
     # ---- caching, forks, freeing -------------------------------------------
 
-    def cache_full_blocks(self, req: Request) -> None:
-        """Hash blocks that became full of computed tokens (prompt or generated)."""
+    def cache_full_blocks(self, req: Request, num_tokens: int) -> None:
+        """Hash the blocks full once the first ``num_tokens`` tokens are computed."""
         if not self.config.enable_prefix_caching:
             return
         rid, bs = req.request_id, self.block_size
         table = self.tables.get(rid, [])
-        full = min(req.num_computed_tokens // bs, len(table))
+        full = min(num_tokens // bs, len(table))
         start = self.num_hashed.get(rid, 0)
         if full <= start:
             return
@@ -170,6 +175,7 @@ class KVCacheManager:
             parent = hashes[i - 1] if i else None
             if self.pool.cache(table[i], hashes[i], parent, tuple(req.token_ids[i * bs:(i + 1) * bs])):
                 self.ever_cached.add(hashes[i])
+                self.cached_this_step.append(table[i])
         self.num_hashed[rid] = full
 
     def fork(self, parent: Request, child: Request) -> None:
@@ -193,6 +199,20 @@ class KVCacheManager:
         self.num_hashed.pop(rid, None)
         if req.status.is_finished:
             self.hashes.pop(rid, None)
+
+    def step_computed(self) -> None:
+        """The step's forward ran: the blocks hashed at schedule now hold their K/V."""
+        self.cached_this_step.clear()
+
+    def uncache_uncomputed(self) -> int:
+        """The step's forward failed: forget the hashes given at schedule (their K/V was
+        never written, a hit on them would read garbage). Returns how many."""
+        blocks = [b for b in self.cached_this_step if b.hash is not None]
+        for b in blocks:
+            self.pool.uncache(b)
+        self.pool.num_evictions -= len(blocks)  # not LRU pressure
+        self.cached_this_step.clear()
+        return len(blocks)
 
     def take_cow_pairs(self) -> list[tuple[int, int]]:
         out, self.cow_pairs = self.cow_pairs, []

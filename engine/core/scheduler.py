@@ -164,6 +164,7 @@ class Scheduler:
         k). Returns (new fork children, finished requests). The caller may still
         finish requests (stop strings), then calls ``end_step``.
         """
+        self.kv.step_computed()
         children: list[Request] = []
         finished: list[Request] = []
         for s in out.scheduled:
@@ -171,7 +172,6 @@ class Scheduler:
             if req is None:  # aborted between schedule and update
                 continue
             req.num_computed_tokens += s.num_new_tokens
-            self.kv.cache_full_blocks(req)
             toks = sampled.get(s.request_id, [])
             assert len(toks) == s.num_samples, (s.request_id, toks, s.num_samples)
             group = [req]

@@ -150,3 +150,39 @@ def test_reset_prefix_cache_drops_all_hashes():
     step(s)
     assert s.log.drain()  # events keep flowing
     assert RequestStatus.FINISHED_LENGTH.finish_reason == "length"
+
+
+def test_request_admitted_in_the_same_step_hits_blocks_this_step_computes():
+    """As in vLLM, blocks are hashed when scheduled: b, admitted right after a in one
+    step, already shares a's two full prompt blocks (their K/V is written by the same
+    forward before any token attends)."""
+    s = make_scheduler(num_blocks=16)
+    s.add_request(req("a", range(10), max_tokens=2))
+    s.add_request(req("b", list(range(8)) + [70, 71, 72], max_tokens=2))
+    out = s.schedule()
+    sa, sb = out.scheduled
+    assert sa.block_table == [0, 1, 2] and sa.token_ids == list(range(10))
+    assert sb.block_table == [0, 1, 3] and sb.start_position == 8 and sb.token_ids == [70, 71, 72]
+    assert refs(s) == {0: 2, 1: 2, 2: 1, 3: 1}
+    assert s.requests["b"].num_cached_tokens == 8
+    events = s.log.drain()
+    cached = [e.block for e in events if e.type == "block_cached"]
+    assert cached == [0, 1]  # a's full blocks, hashed at allocation, before b's lookup
+    lookup = [e for e in events if e.type == "prefix_lookup"][-1]
+    assert (lookup.request_id, lookup.num_hit_tokens) == ("b", 8)
+
+
+def test_a_failed_forward_forgets_the_hashes_it_never_computed():
+    s = make_scheduler(num_blocks=16)
+    s.add_request(req("a", range(6), max_tokens=1))
+    step(s)  # block 0 computed and cached in a completed step
+    s.add_request(req("b", range(20, 30), max_tokens=1))
+    s.schedule()  # hashes b's blocks 1, 2 ... and the forward fails
+    assert {b.id for b in s.kv.pool.cached.values()} == {0, 1, 2}
+    assert s.kv.uncache_uncomputed() == 2
+    assert {b.id for b in s.kv.pool.cached.values()} == {0}
+    assert s.kv.pool.num_evictions == 0
+    # nothing is left to forget once a step's forward has run
+    s.add_request(req("c", range(40, 50), max_tokens=1))
+    s.update_from_output(s.schedule(), {"b": [1], "c": [1]})
+    assert s.kv.uncache_uncomputed() == 0

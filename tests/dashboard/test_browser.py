@@ -225,7 +225,7 @@ def test_dashboard_in_chromium(stack):
             first_run = _health(server)["run_id"]
             # the run is listed (and picked: newest first)
             expect(page.get_by_role("combobox", name="Run")).to_have_value(
-                re.compile(re.escape(first_run)))
+                re.compile(re.escape(first_run)), timeout=30_000)  # a loaded box redraws slowly
             jump = page.get_by_role("button", name=re.compile("next preemption"))
             if jump.is_enabled():  # show a step where the pool ran out
                 jump.click()
@@ -248,9 +248,9 @@ def test_dashboard_in_chromium(stack):
             _nav(page, "Compare")
             second_run = _health(server)["run_id"]
             expect(page.get_by_role("combobox", name="Run A")).to_have_value(
-                re.compile(re.escape(first_run)))
+                re.compile(re.escape(first_run)), timeout=30_000)
             expect(page.get_by_role("combobox", name="Run B")).to_have_value(
-                re.compile(re.escape(second_run)))
+                re.compile(re.escape(second_run)), timeout=30_000)
             page.get_by_text("What differs").wait_for()
             page.locator(".js-plotly-plot").nth(5).wait_for()
             _shot(page, "compare")

@@ -62,8 +62,10 @@ def test_shared_prefix_hits_and_still_matches(tiny_dirs, references):
 
 
 def test_decodes_over_a_cached_shared_prompt_use_cascade_and_match(tiny_dirs, monkeypatch):
-    """Requests behind a cached 5-block system prompt decode through the cascade path
-    (prefix attended once for the group, tails apart, merged) and still match."""
+    """Five requests with a 5-block system prompt, all submitted at once: the four
+    admitted after the first hit its blocks in the same step (the same forward writes
+    them), decode through the cascade path (prefix attended once for the group, tails
+    apart, merged), and every output still matches transformers'."""
     from kernels import torch_paged
 
     path = tiny_dirs["llama"]
@@ -74,8 +76,8 @@ def test_decodes_over_a_cached_shared_prompt_use_cascade_and_match(tiny_dirs, mo
     monkeypatch.setattr(torch_paged, "attend_decode_cascade",
                         lambda *a: groups.append(a[3].num_seqs) or real(*a))
     llm = LLM(model=path, max_model_len=128, block_size=4, num_kv_blocks=256)
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=1))  # caches the prompt
-    outs = llm.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=MAX_NEW))
-    assert groups and max(groups) == 4
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW))
+    assert [o.num_cached_tokens for o in outs] == [0, 20, 20, 20, 20]
+    assert groups and max(groups) == 5  # all five, the first one included, share the prefix
     eos = llm.engine.spec.eos_token_ids
-    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(path, p, MAX_NEW, eos) for p in prompts[1:]]
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(path, p, MAX_NEW, eos) for p in prompts]

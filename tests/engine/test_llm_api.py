@@ -132,3 +132,25 @@ def test_stats_keys(llm):
     for key in ("num_blocks", "block_size", "kv_cache_usage", "kv_token_usage", "prefix_cache_queries",
                 "prefix_cache_hits", "num_preemptions", "num_evictions", "cow_copies"):
         assert key in s
+
+
+def test_a_failed_forward_leaves_no_hash_on_blocks_it_never_wrote(tiny_llama, monkeypatch):
+    """Blocks are hashed when scheduled; if that step's forward raises, their K/V was
+    never written, so no later request may hit them."""
+    llm = LLM(model=tiny_llama, block_size=4, num_kv_blocks=64, max_model_len=96)
+    eng = llm.engine
+    eng.add_request(list(PROMPT), SamplingParams(temperature=0, max_tokens=2), request_id="doomed")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(eng.runner, "execute", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        eng.step()
+    assert not eng.scheduler.kv.pool.cached  # the 4 full prompt blocks lost their hashes
+    monkeypatch.undo()
+    eng.abort_request("doomed")
+    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2))
+    assert out[0].num_cached_tokens == 0  # recomputed, not read from unwritten blocks
+    again = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2))
+    assert again[0].num_cached_tokens == 16 and again[0].outputs[0].token_ids == out[0].outputs[0].token_ids
