@@ -23,6 +23,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT_S = 10.0  # the server's graceful shutdown flushes the recorder; give it time
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM (a kvscope server then marks its run finished), SIGKILL after ``timeout``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def probe_health(url: str, timeout: float = 0.5) -> dict[str, Any] | None:
     """``/healthz`` as a dict, or None when nothing answers (or it is not a kvscope server)."""
     try:
@@ -84,13 +95,7 @@ class ServerProcess:
 
     def stop(self) -> None:
         """SIGTERM (graceful: the run is marked finished), then SIGKILL after a grace period."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         if not self._log.closed:
             self._log.close()
         try:

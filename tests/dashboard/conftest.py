@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.server_process import probe_health
+from dashboard.server_process import probe_health, stop_process
 from tests.dashboard.fake_runs import record_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,13 +72,7 @@ class Server:
             raise
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, timeout=20)
         self.log.close()
 
 

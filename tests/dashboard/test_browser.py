@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboard.server_process import stop_process
 from tests.dashboard.conftest import ROOT, Server, free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -73,13 +74,7 @@ class Dashboard:
             time.sleep(0.3)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, timeout=20)
         self.log.close()
 
 
