@@ -25,6 +25,7 @@ import torch
 
 from bench import workloads as W
 from bench.measure import loadavg
+from kernels.torch_cascade import _FLASH_LSE as _FLASH_LSE_OP  # the op, before a setting clears it
 
 _SETTINGS = {
     "attention": ("reference", "fast"),
@@ -33,7 +34,6 @@ _SETTINGS = {
     "packed": ("F.linear", "packed"),
     "cascade_flash": ("scores GEMM", "flash + LSE merge"),
 }
-_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _apply(kind: str, setting: str, engine) -> None:
@@ -49,7 +49,7 @@ def _apply(kind: str, setting: str, engine) -> None:
     elif kind == "cascade_flash":
         from kernels import torch_cascade
 
-        torch_cascade._FLASH_LSE = None if setting == "scores GEMM" else _FLASH_LSE
+        torch_cascade._FLASH_LSE = None if setting == "scores GEMM" else _FLASH_LSE_OP
     elif kind == "packed":
         from engine.model import layers
 

@@ -207,12 +207,9 @@ class KVCacheManager:
     def uncache_uncomputed(self) -> int:
         """The step's forward failed: forget the hashes given at schedule (their K/V was
         never written, a hit on them would read garbage). Returns how many."""
-        blocks = [b for b in self.cached_this_step if b.hash is not None]
-        for b in blocks:
-            self.pool.uncache(b)
-        self.pool.num_evictions -= len(blocks)  # not LRU pressure
+        n = self._forget([b for b in self.cached_this_step if b.hash is not None])
         self.cached_this_step.clear()
-        return len(blocks)
+        return n
 
     def take_cow_pairs(self) -> list[tuple[int, int]]:
         out, self.cow_pairs = self.cow_pairs, []
@@ -220,9 +217,13 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached hash (blocks in use keep their data). Returns how many."""
-        blocks = list(self.pool.cached.values())
+        n = self._forget(list(self.pool.cached.values()))
+        self.log.add(PrefixCacheReset(self.log.step))
+        return n
+
+    def _forget(self, blocks: list[Block]) -> int:
+        """Drop these blocks' hashes; not counted as evictions (no LRU pressure)."""
         for b in blocks:
             self.pool.uncache(b)
-        self.pool.num_evictions -= len(blocks)  # a reset is not LRU pressure
-        self.log.add(PrefixCacheReset(self.log.step))
+        self.pool.num_evictions -= len(blocks)
         return len(blocks)
