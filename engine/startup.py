@@ -95,7 +95,7 @@ def _profile_cuda_blocks(cfg: EngineConfig, loaded: LoadedModel, per_block: int,
     logger.info("CUDA profile: peak %.0f MiB, free %.0f MiB of %.0f MiB; KV budget %.0f MiB at "
                 "utilization %.2f", peak / 2**20, free / 2**20, total / 2**20, budget / 2**20,
                 cfg.gpu_memory_utilization)
-    return max(0, budget // per_block)
+    return budget // per_block
 
 
 def kv_budget_bytes(total: int, free: int, peak: int, utilization: float) -> int:

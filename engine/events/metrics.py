@@ -47,7 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.pool_summary import PoolSummary, summarize_snapshot
+from engine.core.pool_summary import PoolSummary
 from engine.events import types as T
 
 MISS_CAUSES = ("cold", "evicted", "partial", "disabled")
@@ -101,11 +101,6 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
 
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
-
-
-def pool_figures(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """Usage and fragmentation of one snapshot dict (see module docstring)."""
-    return summarize_snapshot(snapshot).figures()
 
 
 class MetricsTracker:

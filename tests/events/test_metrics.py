@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from engine.events import types as T
 from engine.events.metrics import (
-    MISS_CAUSES, LatencyObservations, MetricsConfig, MetricsTracker, percentile, pool_figures,
+    MISS_CAUSES, LatencyObservations, MetricsConfig, MetricsTracker, percentile,
 )
 from engine.core.pool_summary import summarize_snapshot
 from engine.events.reducer import empty_state
@@ -28,17 +28,17 @@ def req(status):
             "num_cached_tokens": 0, "token_ids": [], "parent_id": None, "arrival_index": 0}
 
 
-def test_pool_figures_hand_checked():
+def test_pool_figures_hand_checked():  # PoolSummary.figures of a snapshot dict
     # blocks 0, 1 shared by two requests (4 + 2 filled); 2 free but cached; 3 free
     s = snap([block(0, 2, 4, "h0"), block(1, 2, 2), block(2, 0, 4, "h2"), block(3, 0, 0)])
-    assert pool_figures(s) == {
+    assert summarize_snapshot(s).figures() == {
         "kv_cache_usage": 0.5,            # 2 of 4 blocks referenced
         "kv_token_usage": 6 / 16,         # cached-free slots do not count
         "internal_fragmentation": 0.25,   # 1 - 6 / (2 blocks * 4), shared counted once
         "num_used_blocks": 2, "num_free_blocks": 2, "num_shared_blocks": 2,
         "num_cached_free_blocks": 1,
     }
-    assert pool_figures(empty_state(3, 4))["internal_fragmentation"] == 0.0
+    assert summarize_snapshot(empty_state(3, 4)).figures()["internal_fragmentation"] == 0.0
 
 
 STEP1 = [
