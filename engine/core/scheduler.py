@@ -51,8 +51,9 @@ class Scheduler:
             raise PromptTooLongError("the prompt is empty; give at least one token")
         if n >= limit:
             raise PromptTooLongError(
-                f"the prompt has {n} tokens but max_model_len is {limit} (room is needed for at "
-                f"least one generated token); shorten the prompt or raise max_model_len"
+                f"the prompt has {n} tokens, {n - limit + 1} more than fit: max_model_len is "
+                f"{limit} and room is needed for at least one generated token; shorten the prompt "
+                f"or raise max_model_len"
             )
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")

@@ -9,6 +9,7 @@ its snapshot before the steps that follow it). Pure Python, no torch.
 
 from __future__ import annotations
 
+import enum
 import queue
 import threading
 from dataclasses import dataclass
@@ -16,7 +17,15 @@ from typing import Any
 
 from engine.core.sampling_params import SamplingParams
 from engine.events.step import StepRecord
+from engine.outputs import RequestOutput
 from engine.server.protocol import Hello, Message, Snapshot
+
+
+class Source(str, enum.Enum):
+    """Which front door a request came through (recorded with it)."""
+
+    WEBSOCKET = "websocket"  # protocol v1 ``submit``: outputs go out as ``output``/``finished``
+    OPENAI = "openai"  # the HTTP API: outputs go out as RequestOut for its SSE/JSON builders
 
 # ---- commands (event-loop thread → engine thread) ---------------------------
 
@@ -44,6 +53,7 @@ class Submit(Command):
     prompt: str | list[int] | None
     messages: list[dict[str, str]] | None
     params: SamplingParams
+    source: Source = Source.WEBSOCKET
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +142,15 @@ class ToClient(Delivery):
 
     conn_id: int
     message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOut(Delivery):
+    """One RequestOutput of a request submitted with ``Source.OPENAI`` (never dropped).
+    RequestOutputs are snapshots (fresh lists each step), safe to read on the loop thread."""
+
+    conn_id: int
+    output: RequestOutput
 
 
 @dataclass(frozen=True, slots=True)

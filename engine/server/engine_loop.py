@@ -200,7 +200,7 @@ class EngineWorker(threading.Thread):
         except Exception as exc:  # e.g. a chat template that rejects these messages
             self._reply(cmd.conn_id, Error(E.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, "submit"))
             return
-        self.book.add(rid, cmd.conn_id, cmd.params.to_dict())
+        self.book.add(rid, cmd.conn_id, cmd.params.to_dict(), cmd.source.value)
         self._reply(cmd.conn_id, Accepted(rid))
 
     def _abort(self, rid: str) -> None:
@@ -239,17 +239,22 @@ class EngineWorker(threading.Thread):
         owned = self.book.get(out.request_id)
         if owned is None:
             return
-        for index, (text, token_ids) in sorted(out.deltas.items()):
-            if text or token_ids:
-                self._reply(owned.conn_id, Output(out.request_id, index, text, list(token_ids)))
+        if owned.source == C.Source.OPENAI:  # the HTTP API builds its own chunks from the output
+            self._out.append(C.RequestOut(owned.conn_id, out))
+        else:
+            for index, (text, token_ids) in sorted(out.deltas.items()):
+                if text or token_ids:
+                    self._reply(owned.conn_id, Output(out.request_id, index, text, list(token_ids)))
         if out.finished:
             outputs, metrics = finished_fields(out)
-            self._reply(owned.conn_id, Finished(out.request_id, outputs, metrics))
+            if owned.source != C.Source.OPENAI:
+                self._reply(owned.conn_id, Finished(out.request_id, outputs, metrics))
             if self.recorder is not None:
                 prompt = out.prompt if out.prompt is not None else str(out.prompt_token_ids)
                 timings = dict(metrics, connection=owned.conn_id)
                 self.recorder.record_request(out.request_id, prompt=prompt, params=owned.params,
-                                             outputs=outputs, timings=timings, run_id=self.run_id)
+                                             outputs=outputs, timings=timings, run_id=self.run_id,
+                                             source=owned.source)
             self.book.release(out.request_id)
 
     # ---- restart and shutdown -------------------------------------------------------------

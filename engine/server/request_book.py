@@ -22,6 +22,7 @@ from engine.server.protocol import Error, ErrorCode as E
 class Owned:
     conn_id: int
     params: dict[str, Any]  # SamplingParams.to_dict(), recorded with the request
+    source: str = "websocket"  # engine_commands.Source value: how outputs are delivered, recorded
 
 
 class RequestBook:
@@ -52,9 +53,9 @@ class RequestBook:
                          rid, "submit")
         return None
 
-    def add(self, rid: str, conn_id: int, params: dict[str, Any]) -> None:
+    def add(self, rid: str, conn_id: int, params: dict[str, Any], source: str = "websocket") -> None:
         self._used.add(rid)
-        self._owned[rid] = Owned(conn_id, params)
+        self._owned[rid] = Owned(conn_id, params, source)
         self._in_flight[conn_id] = self._in_flight.get(conn_id, 0) + 1
 
     def get(self, rid: str) -> Owned | None:

@@ -5,7 +5,8 @@ Tables (JSON columns hold ``json.dumps`` text):
   (must hold ``num_blocks`` and ``block_size`` for replay), model TEXT, label TEXT.
 - ``steps``: (run_id, seq) pk, step, ts REAL, events JSON (list of event dicts),
   metrics JSON — one ``StepRecord`` per row.
-- ``requests``: (run_id, request_id) pk, prompt TEXT, params/outputs/timings JSON.
+- ``requests``: (run_id, request_id) pk, prompt TEXT, params/outputs/timings JSON, source
+  TEXT (``websocket`` | ``openai`` | NULL for offline runs; added to older files on open).
 
 WAL mode, so the dashboard can read while the recorder writes.
 """
@@ -67,8 +68,13 @@ def ensure_schema(db: sqlite_utils.Database) -> None:
                         "metrics": str}, pk=("run_id", "seq"), if_not_exists=True)
     db["steps"].create_index(["run_id", "step"], if_not_exists=True)
     db["requests"].create({"run_id": str, "request_id": str, "prompt": str, "params": str,
-                           "outputs": str, "timings": str}, pk=("run_id", "request_id"),
-                          if_not_exists=True)
+                           "outputs": str, "timings": str, "source": str},
+                          pk=("run_id", "request_id"), if_not_exists=True)
+    if "source" not in db["requests"].columns_dict:  # a file written before sources were recorded
+        try:
+            db["requests"].add_column("source", str)
+        except sqlite3.OperationalError:  # opened read-only: its rows simply have no source
+            pass
 
 
 def new_run_id() -> str:

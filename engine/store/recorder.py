@@ -83,11 +83,14 @@ class Recorder:
 
     def record_request(self, request_id: str, prompt: str | None = None,
                        params: dict[str, Any] | None = None, outputs: Any = None,
-                       timings: dict[str, Any] | None = None, run_id: str | None = None) -> None:
-        """Queue a finished request: prompt text, sampling params, outputs, timings (JSON-able)."""
+                       timings: dict[str, Any] | None = None, run_id: str | None = None,
+                       source: str | None = None) -> None:
+        """Queue a finished request: prompt text, sampling params, outputs, timings (JSON-able),
+        and its source (the front door it came through: ``websocket``, ``openai``; None: offline)."""
         self._put(("requests", {"run_id": self._run(run_id), "request_id": request_id,
                                 "prompt": prompt, "params": dbm.dumps(params),
-                                "outputs": dbm.dumps(outputs), "timings": dbm.dumps(timings)}))
+                                "outputs": dbm.dumps(outputs), "timings": dbm.dumps(timings),
+                                "source": source}))
 
     def finish(self, run_id: str | None = None) -> None:
         """Mark the run finished (finished_at = now)."""
