@@ -1,14 +1,22 @@
-"""KVScopeServer: one engine thread + one websockets server on one port.
+"""KVScopeServer: one engine thread + one HTTP/websocket server (uvicorn) on one port.
+
+The port answers the websocket protocol v1 (the dashboard, ``kvscope submit``),
+``/healthz``, ``/metrics`` and the OpenAI API (``/v1/models``, ``/v1/completions``,
+``/v1/chat/completions``, ``/reset_prefix_cache``): a Starlette app on uvicorn, whose
+websockets run on the ``websockets`` package (sans-I/O). Both front doors send typed
+commands to the one engine thread and get deliveries back; ``_deliver`` hands those
+addressed to an API exchange to the ApiDesk and the rest to the Hub.
 
 The port is bound at once and the model loads in the background (``/healthz``
-says ``loading`` and websocket handshakes get 503 until it is ready). Shutdown
-(``stop()``, SIGINT, SIGTERM): stop taking ops, abort live requests (their
-submitters get ``finished`` with reason ``abort``), publish the last events,
-mark the run finished, let the replies go out (≤ 1 s), close every connection
-(1001), then flush and close the recorder.
+says ``loading``; websocket handshakes and API calls get 503 until it is ready).
+Shutdown (``stop()``, SIGINT, SIGTERM): stop taking ops and calls, abort live
+requests (websocket submitters get ``finished`` with reason ``abort``, API streams
+end with it), publish the last events, mark the run finished, let the replies go
+out (<= 1 s), close every websocket (1001), stop the HTTP server, then flush and
+close the recorder.
 
     server = KVScopeServer(ServerOptions(EngineConfig(model=path), port=0)).start()
-    server.wait_ready(); print(server.url); ...; server.stop()
+    server.wait_ready(); print(server.url, server.http_url); ...; server.stop()
 """
 
 from __future__ import annotations
@@ -16,26 +24,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from websockets.asyncio.server import serve
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 
 from engine.config import EngineConfig
+from engine.openai.desk import ApiDesk
+from engine.openai.errors import ApiError
+from engine.openai.request import ParseLimits
+from engine.openai.routes import ApiContext, api_routes, error_response
 from engine.server import engine_commands as C
 from engine.server.engine_loop import EngineFactory, EngineWorker
 from engine.server.health import Health, HealthBoard, Status
-from engine.server.http import HttpGate
+from engine.server.http import Gate, not_found
 from engine.server.hub import Hub, HubLimits
 from engine.server.prom import ServerMetrics
-from engine.server.security import ALLOWED_ORIGINS, BindRefused, check_bind
+from engine.server.security import BindRefused, check_bind
+from engine.server.ws_adapter import TransportWebSocketProtocol
 
 log = logging.getLogger("kvscope.server")
 
 HARD_FRAME_FACTOR = 4  # frames up to 4x the limit get an error reply; beyond, websockets closes (1009)
+PING_TIMEOUT_S = 20.0  # websockets' default: a peer that does not answer a ping in time is dropped
+GRACEFUL_HTTP_S = 5  # after the engine stopped, how long HTTP responses in flight may take to end
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +100,11 @@ class KVScopeServer:
         self.commands = C.CommandQueue(options.max_pending_ops)
         self.hub = Hub(self.commands, self.metrics,
                        HubLimits(options.max_frame_bytes, options.step_buffer))
+        self.desk = ApiDesk(self.commands, self._engine_alive)
+        self.gate = Gate(self.board, self.metrics, options.token,
+                         lambda: {"connections": len(self.hub.conns),
+                                  "api_calls": len(self.desk.exchanges),
+                                  "uptime_s": round(time.time() - self.board.started, 3)})
         self.recorder: Any = None
         self.worker: EngineWorker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,8 +116,30 @@ class KVScopeServer:
 
     @property
     def url(self) -> str:
+        return f"ws://{self._hostport}"
+
+    @property
+    def http_url(self) -> str:
+        """Base URL of the OpenAI API (what an OpenAI client takes as ``base_url``)."""
+        return f"http://{self._hostport}/v1"
+
+    @property
+    def _hostport(self) -> str:
         host = self.options.host if ":" not in self.options.host else f"[{self.options.host}]"
-        return f"ws://{host}:{self.port}"
+        return f"{host}:{self.port}"
+
+    def _engine_alive(self) -> bool:
+        w = self.worker
+        return w is not None and (w.is_alive() or self.board.current.status is Status.LOADING)
+
+    def asgi_app(self) -> Starlette:
+        """The one app behind the port: the server's own routes and the OpenAI API."""
+        opts = self.options
+        ctx = ApiContext(self.desk, self.board, self.gate,
+                         ParseLimits(max_n=HubLimits().max_n, max_prompts=opts.max_in_flight_per_conn),
+                         opts.max_frame_bytes, aliases=(opts.engine.model,))
+        return Starlette(routes=self.gate.routes(self.hub) + api_routes(ctx),
+                         exception_handlers={ApiError: error_response, HTTPException: not_found})
 
     @property
     def health(self) -> Health:
@@ -147,51 +192,59 @@ class KVScopeServer:
 
         def post(batch: list[C.Delivery]) -> None:
             try:
-                loop.call_soon_threadsafe(self.hub.deliver, batch)
+                loop.call_soon_threadsafe(self._deliver, batch)
             except RuntimeError:
                 pass  # the loop has closed: we are past shutdown
 
         try:
-            gate = HttpGate(self.board, self.metrics, opts.token,
-                            lambda: {"connections": len(self.hub.conns),
-                                     "uptime_s": round(time.time() - self.board.started, 3)})
-            server = await serve(self.hub.handle, opts.host, opts.port, process_request=gate,
-                                 max_size=opts.max_frame_bytes * HARD_FRAME_FACTOR,
-                                 compression=None,  # deflate per client would cost CPU per broadcast
-                                 origins=ALLOWED_ORIGINS, ping_interval=opts.ping_interval,
-                                 close_timeout=2.0)
+            sock = _listen(opts.host, opts.port)
+            http = _http_server(self.asgi_app(), opts)
+            await http.startup(sockets=[sock])
         except BaseException as exc:
             self._bind_error = exc
             self._bound.set()
             raise
         try:
-            async with server:
-                self.port = server.sockets[0].getsockname()[1]
-                if opts.record:
-                    from engine.store import Recorder
+            self.port = sock.getsockname()[1]
+            if opts.record:
+                from engine.store import Recorder
 
-                    self.recorder = Recorder(opts.db)
-                self.worker = EngineWorker(opts.engine, post, self.commands, self.board,
-                                           self.recorder, opts.label, opts.max_in_flight_per_conn,
-                                           opts.limits(), opts.engine_factory)
-                self.worker.start()
-                self._bound.set()
-                log.info("kvscope: listening on %s (loading %s)", self.url, opts.engine.model)
-                if self.on_bound is not None:
-                    self.on_bound()
-                try:
-                    await stop.wait()
-                finally:
-                    await self._shutdown()
+                self.recorder = Recorder(opts.db)
+            self.worker = EngineWorker(opts.engine, post, self.commands, self.board,
+                                       self.recorder, opts.label, opts.max_in_flight_per_conn,
+                                       opts.limits(), opts.engine_factory)
+            self.worker.start()
+            self._bound.set()
+            log.info("kvscope: listening on %s and %s (loading %s)", self.url, self.http_url,
+                     opts.engine.model)
+            if self.on_bound is not None:
+                self.on_bound()
+            try:
+                await stop.wait()
+            finally:
+                await self._shutdown()
+                await http.shutdown(sockets=[sock])
         finally:
             if self.recorder is not None:  # flush what was queued, whatever stopped us
                 ok = await asyncio.to_thread(self.recorder.close)
                 log.info("kvscope: recorder closed (%s)", "complete" if ok else "INCOMPLETE")
         return 0
 
+    def _deliver(self, batch: list[C.Delivery]) -> None:
+        """One batch from the engine thread, in order: API exchanges' own to the desk,
+        everything else (websocket replies, steps, runs) to the Hub."""
+        rest = []
+        for d in batch:
+            if self.desk.takes(d):
+                self.desk.deliver(d)
+            else:
+                rest.append(d)
+        if rest:
+            self.hub.deliver(rest)
+
     async def _shutdown(self) -> None:
         log.info("kvscope: shutting down")
-        self.hub.stopping = True
+        self.hub.stopping = self.desk.stopping = self.gate.stopping = True
         worker = self.worker
         if worker is not None:
             worker.stop_requested.set()
@@ -199,9 +252,37 @@ class KVScopeServer:
             if self.board.current.status is not Status.LOADING:
                 await asyncio.to_thread(worker.join, 30.0)
         deadline = time.monotonic() + 1.0  # let final replies (finished/abort) reach clients
-        while self.hub.pending_replies() and time.monotonic() < deadline:
+        while (self.hub.pending_replies() or self.desk.exchanges) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        # Leaving ``async with server`` closes every connection (1001) and waits for them.
+        conns = list(self.hub.conns.values())
+        await asyncio.gather(*(c.ws.close(1001, "server shutting down") for c in conns),
+                             return_exceptions=True)
+        # The HTTP server's own shutdown (after this) ends idle keep-alive connections and
+        # waits up to GRACEFUL_HTTP_S for responses still being written.
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket (bound here, so a taken port is an OSError for the caller)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host.strip("[]"), port), family=family, backlog=2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _http_server(app: Starlette, opts: ServerOptions) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app, http="h11", ws=TransportWebSocketProtocol, lifespan="off",
+        ws_max_size=opts.max_frame_bytes * HARD_FRAME_FACTOR,
+        ws_per_message_deflate=False,  # deflate per client would cost CPU per broadcast
+        ws_ping_interval=opts.ping_interval, ws_ping_timeout=PING_TIMEOUT_S,
+        log_config=None, access_log=False, server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_HTTP_S)
+    config.load()
+    server = uvicorn.Server(config)
+    # What Server.serve() does before startup(); serve() itself is not used because it
+    # installs its own SIGINT/SIGTERM handlers and re-raises them after shutdown.
+    server.lifespan = config.lifespan_class(config)
+    return server
 
 
 __all__ = ["BindRefused", "KVScopeServer", "ServerOptions"]

@@ -18,9 +18,11 @@ from engine.server.security import TOKEN_ENV
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from engine.cli import add_engine_args
 
-    p = sub.add_parser("serve", help="run one live engine behind a websocket server",
+    p = sub.add_parser("serve", help="run one live engine behind a websocket and OpenAI API server",
                        description="Run one engine and stream its events over websockets "
-                                   "(protocol v1), with /healthz and /metrics on the same port.")
+                                   "(protocol v1), with the OpenAI API (/v1/models, "
+                                   "/v1/completions, /v1/chat/completions), /healthz and "
+                                   "/metrics on the same port.")
     add_engine_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
@@ -72,7 +74,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.security import BindRefused
 
     if not args.verbose:  # websockets logs every connection and HTTP response at INFO
-        logging.getLogger("websockets").setLevel(logging.WARNING)
+        for name in ("websockets", "uvicorn", "uvicorn.error"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         cfg = EngineConfig(**engine_kwargs(args), max_waiting=args.max_queue)
         opts = ServerOptions(cfg, host=args.host, port=args.port, db=args.db, record=args.record,
@@ -86,8 +89,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = KVScopeServer(opts)
 
     def announce() -> None:
-        print(f"kvscope: serving {server.url} (model {cfg.model} loading; GET /healthz for status)",
-              flush=True)
+        print(f"kvscope: serving {server.url} (OpenAI API at {server.http_url}; model {cfg.model} "
+              f"loading; GET /healthz for status)", flush=True)
 
     server.on_bound = announce
     try:

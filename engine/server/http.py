@@ -1,45 +1,59 @@
-"""Plain HTTP on the websocket port, via websockets' ``process_request`` hook.
+"""The serve port's own routes (Starlette): health, metrics, and the websocket door.
 
 - ``GET /healthz``: JSON ``{"status": "loading"|"ready"|"error"|"stopping", "detail", ...}``;
   200, except 503 after a failed load (so ``curl -f`` fails). No token needed.
 - ``GET /metrics``: Prometheus text (token needed when one is set).
-- A websocket handshake on ``/`` (or ``/ws``) passes when the token matches and
-  the engine is ready. While the model loads (or after a failed load) it is
-  refused with HTTP 503 and the health JSON, so a client knows to retry.
+- A websocket on ``/`` (or ``/ws``) is accepted when its Origin is allowed (403
+  otherwise), the token matches (401) and the engine is ready: while the model
+  loads (or after a failed load, or while stopping) the handshake is refused with
+  HTTP 503 and the health JSON, so a client knows to retry. Accepted, it is the
+  Hub's for its life (protocol v1, unchanged).
+- ``GET /`` without an upgrade: a line saying what this port is.
+- Anything else: 404 JSON (the ``/v1`` routes answer in OpenAI's error shape).
+
+The OpenAI routes (``engine.openai.routes``) share ``Gate`` for the token and Origin.
 """
 
 from __future__ import annotations
 
-import http
-import json
+import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
-from websockets.asyncio.server import ServerConnection
-from websockets.http11 import Request, Response
+from starlette.exceptions import HTTPException
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from engine.server.health import HealthBoard, Status
+from engine.server.hub import Hub
 from engine.server.prom import CONTENT_TYPE, ServerMetrics
-from engine.server.security import token_ok
+from engine.server.security import ALLOWED_ORIGINS, token_ok
+from engine.server.ws_adapter import AsgiWebSocket
 
 WS_PATHS = ("/", "/ws")
+UNAUTHORIZED = {"error": "unauthorized", "detail": "present the server token as ?token= or "
+                                                   "Authorization: Bearer"}
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="kvscope"'}
 
 
-def _respond(connection: ServerConnection, status: int, body: str | bytes, content_type: str) -> Response:
-    text = body.decode() if isinstance(body, bytes) else body
-    resp = connection.respond(status, text)
-    del resp.headers["Content-Type"]  # respond() sets text/plain; Headers is a multidict
-    resp.headers["Content-Type"] = content_type
-    return resp
+def origin_allowed(origin: str | None) -> bool:
+    """The websocket server's Origin rule: no Origin (scripts) or a page of this machine."""
+    for allowed in ALLOWED_ORIGINS:
+        if allowed is None:
+            if origin is None:
+                return True
+        elif isinstance(allowed, re.Pattern):
+            if origin is not None and allowed.fullmatch(origin):
+                return True
+        elif allowed == origin:
+            return True
+    return False
 
 
-def _json(connection: ServerConnection, status: int, payload: dict[str, Any]) -> Response:
-    return _respond(connection, status, json.dumps(payload) + "\n", "application/json")
-
-
-class HttpGate:
-    """The ``process_request`` hook: answers HTTP paths and gates websocket handshakes."""
+class Gate:
+    """Who may use the port: the token, the Origin, and whether the engine is ready."""
 
     def __init__(self, board: HealthBoard, metrics: ServerMetrics, token: str | None,
                  extra_health: Callable[[], dict[str, Any]] | None = None) -> None:
@@ -47,31 +61,70 @@ class HttpGate:
         self.metrics = metrics
         self.token = token
         self.extra_health = extra_health or dict
+        self.stopping = False  # set by the app when shutdown begins
 
-    def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = urlsplit(request.path).path
-        auth = request.headers.get("Authorization")
-        if path == "/healthz":
-            health = self.board.current
-            payload = {**health.to_dict(), **self.extra_health()}
-            return _json(connection, 503 if health.status is Status.ERROR else 200, payload)
-        if not token_ok(self.token, request.path, auth):
-            resp = _json(connection, http.HTTPStatus.UNAUTHORIZED,
-                         {"error": "unauthorized", "detail": "present the server token as ?token= "
-                                                             "or Authorization: Bearer"})
-            resp.headers["WWW-Authenticate"] = 'Bearer realm="kvscope"'
-            return resp
-        if path == "/metrics":
-            return _respond(connection, 200, self.metrics.render(), CONTENT_TYPE)
-        if path not in WS_PATHS:
-            return _json(connection, 404, {"error": "not_found", "detail": f"no {path!r}; try /healthz, "
-                                                                           f"/metrics or a websocket on /"})
-        if "websocket" not in request.headers.get("Upgrade", "").lower():
-            return _respond(connection, 200, "kvscope server: connect a websocket client to this URL; "
-                                             "see /healthz and /metrics\n", "text/plain; charset=utf-8")
+    def authorized(self, conn: HTTPConnection) -> bool:
+        query = conn.scope.get("query_string", b"").decode("latin-1")
+        return token_ok(self.token, "?" + query, conn.headers.get("authorization"))
+
+    @staticmethod
+    def origin_ok(conn: HTTPConnection) -> bool:
+        return origin_allowed(conn.headers.get("origin"))
+
+    # ---- routes ---------------------------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
         health = self.board.current
-        if health.status is not Status.READY:
-            # Refused rather than accepted-then-closed: a client sees 503 during the
-            # handshake and retries, with no half-open session to clean up.
-            return _json(connection, http.HTTPStatus.SERVICE_UNAVAILABLE, health.to_dict())
-        return None
+        payload = {**health.to_dict(), **self.extra_health()}
+        return JSONResponse(payload, 503 if health.status is Status.ERROR else 200)
+
+    async def metrics_page(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return JSONResponse(UNAUTHORIZED, 401, CHALLENGE)
+        return Response(self.metrics.render(), 200, media_type=CONTENT_TYPE)
+
+    async def index(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return JSONResponse(UNAUTHORIZED, 401, CHALLENGE)
+        return PlainTextResponse("kvscope server: connect a websocket client to this URL, or an "
+                                 "OpenAI client to /v1; see /healthz and /metrics\n")
+
+    def websocket_door(self, hub: Hub) -> Callable[[WebSocket], Any]:
+        async def door(ws: WebSocket) -> None:
+            if not self.origin_ok(ws):
+                await ws.close()  # before accept: the handshake gets 403
+                return
+            if not self.authorized(ws):
+                await ws.send_denial_response(JSONResponse(UNAUTHORIZED, 401, CHALLENGE))
+                return
+            health = self.board.current
+            if health.status is not Status.READY or self.stopping:
+                # Refused rather than accepted-then-closed: a client sees 503 during the
+                # handshake and retries, with no half-open session to clean up.
+                await ws.send_denial_response(JSONResponse(health.to_dict(), 503))
+                return
+            await ws.accept()
+            await hub.handle(AsgiWebSocket(ws))
+
+        return door
+
+    def routes(self, hub: Hub) -> list[BaseRoute]:
+        door = self.websocket_door(hub)
+        return [Route("/healthz", self.healthz, methods=["GET", "HEAD"]),
+                Route("/metrics", self.metrics_page, methods=["GET", "HEAD"]),
+                *(WebSocketRoute(p, door) for p in WS_PATHS),
+                *(Route(p, self.index, methods=["GET", "HEAD"]) for p in WS_PATHS)]
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    """404/405 for paths outside the API (the API's own answer in OpenAI's shape)."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 404
+    path = request.url.path
+    if path.startswith("/v1"):
+        what = "no such route" if status == 404 else f"{request.method} is not allowed here"
+        return JSONResponse({"error": {"message": f"{what}: {request.method} {path}",
+                                       "type": "invalid_request_error", "param": None,
+                                       "code": "not_found" if status == 404 else "method_not_allowed"}},
+                            status)
+    return JSONResponse({"error": "not_found", "detail": f"no {path!r}; try /healthz, /metrics, "
+                                                         f"/v1 or a websocket on /"}, status)

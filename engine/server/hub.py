@@ -18,7 +18,6 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from engine.core import SamplingParamsError
@@ -27,6 +26,7 @@ from engine.server import engine_commands as C
 from engine.server import protocol as P
 from engine.server.outbox import Outbox
 from engine.server.prom import ServerMetrics
+from engine.server.ws_adapter import AsgiWebSocket
 
 log = logging.getLogger("kvscope.server")
 E = P.ErrorCode
@@ -37,7 +37,7 @@ SLOW_CLIENT_CLOSE = 1008  # policy violation: it let replies pile up past the bo
 @dataclass(eq=False, slots=True)
 class ClientConn:
     id: int
-    ws: ServerConnection
+    ws: AsgiWebSocket
     outbox: Outbox
     attached: bool = False  # got hello + snapshot; receives steps from now on
     closing: bool = False
@@ -71,8 +71,8 @@ class Hub:
 
     # ---- connections ---------------------------------------------------------------
 
-    async def handle(self, ws: ServerConnection) -> None:
-        """websockets' connection handler: runs for the life of one connection."""
+    async def handle(self, ws: AsgiWebSocket) -> None:
+        """The websocket route's handler: runs for the life of one accepted connection."""
         conn = ClientConn(next(self._ids), ws, Outbox(self.limits.step_buffer, self.limits.max_replies))
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:

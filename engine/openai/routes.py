@@ -1,0 +1,252 @@
+"""The OpenAI routes (Starlette): ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` and vLLM's ``POST /reset_prefix_cache``.
+
+A call is checked in this order: Origin (403), token (401, ``Authorization: Bearer``
+with the server's ``KVSCOPE_TOKEN``), body (413 / 400), the engine's state (503 while
+loading or stopping), the model (404), then submitted; the engine's refusals come
+back as 400 (a prompt that does not fit says by how much) or 429 (queue full). Only
+then does a stream start, so every refusal is a plain HTTP error.
+
+Every answer carries ``x-kvscope-request-id`` (the engine request id, as on the Live
+and Replay pages; a list of prompts runs as ``<id>-0``, ``<id>-1``, ...) and
+``x-kvscope-run-id``. A client that goes away mid-call has its requests aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from engine.openai import sse
+from engine.openai.choices import Assembler
+from engine.openai.desk import ApiDesk, Exchange, raise_refusal
+from engine.openai.errors import ApiError, from_engine
+from engine.openai.request import ApiRequest, Endpoint, ParseLimits, check_model, parse_chat, parse_completion
+from engine.openai.token_strings import TokenStrings
+from engine.server import engine_commands as C
+from engine.server.health import HealthBoard, Status
+from engine.server.http import Gate
+from engine.server.protocol import Error, Ok
+
+REQUEST_ID_HEADER = "x-kvscope-request-id"
+RUN_ID_HEADER = "x-kvscope-run-id"
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before the answer was ready."""
+
+
+async def error_response(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    headers = {"WWW-Authenticate": 'Bearer realm="kvscope"'} if exc.status == 401 else None
+    return JSONResponse(exc.body(), exc.status, headers)
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(request: Request, work: Awaitable[Any]) -> Any:
+    """``await work``, unless the client disconnects first (ClientGone)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+class _Stream(StreamingResponse):
+    """A streaming response that runs ``on_close`` however the stream ends (finished,
+    client gone, send failed), so the exchange is always closed at once."""
+
+    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], None], **kw: Any) -> None:
+        super().__init__(body, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+@dataclass(slots=True)
+class ApiContext:
+    desk: ApiDesk
+    board: HealthBoard
+    gate: Gate
+    limits: ParseLimits
+    max_body_bytes: int
+    aliases: tuple[str, ...] = ()  # names besides the model's own (the --model argument)
+    _strings: TokenStrings | None = None
+    _strings_path: str | None = None
+
+    def strings(self) -> TokenStrings:
+        """Token strings for the running engine's tokenizer (reloaded if it changes)."""
+        path = self.board.current.config.get("tokenizer_file")
+        if self._strings is None or self._strings_path != path:
+            self._strings, self._strings_path = TokenStrings(path), path
+        return self._strings
+
+    # ---- checks ---------------------------------------------------------------------
+
+    def admit(self, request: Request) -> None:
+        if not self.gate.origin_ok(request):
+            raise ApiError(403, "requests from a page of another site are refused (Origin "
+                                f"{request.headers.get('origin')!r})", code="origin_not_allowed")
+        if not self.gate.authorized(request):
+            raise ApiError(401, "present the server token (KVSCOPE_TOKEN) as Authorization: Bearer "
+                                "(the OpenAI client's api_key)", code="invalid_api_key")
+
+    def ready(self) -> Any:
+        health = self.board.current
+        if self.desk.stopping or health.status is Status.STOPPING:
+            raise ApiError(503, "the server is shutting down", "server_error", None, "shutting_down")
+        if health.status is Status.LOADING:
+            raise ApiError(503, f"the model is still loading ({health.detail}); retry shortly",
+                           "server_error", None, "loading")
+        if health.status is not Status.READY:
+            raise ApiError(503, f"the engine is not serving: {health.detail}", "server_error", None,
+                           "unavailable")
+        return health
+
+    def served(self, health) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((health.model, *self.aliases)))
+
+    async def body(self, request: Request) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > self.max_body_bytes:
+            raise self._too_large(int(size))
+        parts, total = [], 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > self.max_body_bytes:
+                raise self._too_large(total)
+            parts.append(chunk)
+        try:
+            return json.loads(b"".join(parts))
+        except ValueError as exc:
+            raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+
+    def _too_large(self, size: int) -> ApiError:
+        return ApiError(413, f"the body has {size} bytes; this server takes at most "
+                             f"{self.max_body_bytes} (--max-frame-bytes)", code="request_too_large")
+
+
+def _headers(rid: str, health) -> dict[str, str]:
+    return {REQUEST_ID_HEADER: rid, RUN_ID_HEADER: str(health.run_id)}
+
+
+async def models(ctx: ApiContext, request: Request) -> Response:
+    ctx.admit(request)
+    health = ctx.ready()
+    cfg = health.config
+    data = [{"id": name, "object": "model", "created": int(ctx.board.started), "owned_by": "kvscope",
+             "root": cfg.get("model", name), "parent": None,
+             "max_model_len": cfg.get("max_model_len"), "permission": []}
+            for name in ctx.served(health)[:1]]  # the aliases are accepted, not listed
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def reset_prefix_cache(ctx: ApiContext, request: Request) -> Response:
+    ctx.admit(request)
+    ctx.ready()
+    ex = ctx.desk.open()
+    try:
+        ex.command(C.ResetPrefixCache(ex.conn_id))
+        reply = await ex.reply()
+    finally:
+        ctx.desk.close(ex)
+    if isinstance(reply, Error):
+        raise from_engine(reply)
+    return JSONResponse(reply.result if isinstance(reply, Ok) else {})
+
+
+async def _submit(ctx: ApiContext, ex: Exchange, req: ApiRequest, rid: str) -> list[str]:
+    if req.endpoint is Endpoint.CHAT:
+        items: list = [(rid, None, list(req.messages))]
+    elif len(req.prompts) == 1:
+        items = [(rid, req.prompts[0], None)]
+    else:
+        items = [(f"{rid}-{i}", p, None) for i, p in enumerate(req.prompts)]
+    for r, prompt, messages in items:
+        ex.submit(C.Submit(ex.conn_id, r, prompt, messages, req.params, C.Source.OPENAI))
+    return [r for r, _, _ in items]
+
+
+async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Response:
+    ctx.admit(request)
+    body = await ctx.body(request)
+    parse = parse_chat if endpoint is Endpoint.CHAT else parse_completion
+    req = parse(body, ctx.limits)
+    health = ctx.ready()
+    check_model(req.model, ctx.served(health))
+    rid = f"{'chatcmpl' if endpoint is Endpoint.CHAT else 'cmpl'}-{secrets.token_hex(12)}"
+    ex = ctx.desk.open()
+    streaming = False
+    try:
+        rids = await _submit(ctx, ex, req, rid)
+        await _unless_gone(request, ex.accept_all())
+        asm = Assembler(req, rids, rid, req.model or health.model, int(time.time()), ctx.strings())
+        if req.stream:
+            streaming = True
+            return _Stream(_events(ex, asm), lambda: ctx.desk.close(ex), media_type=sse.MEDIA_TYPE,
+                           headers={**_headers(rid, health), "Cache-Control": "no-cache"})
+        await _unless_gone(request, _finish(ex, asm))
+        return JSONResponse(asm.body(), headers=_headers(rid, health))
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; the requests are aborted below
+    finally:
+        if not streaming:
+            ctx.desk.close(ex)
+
+
+async def _finish(ex: Exchange, asm: Assembler) -> None:
+    while not asm.done:
+        for up in await ex.updates():
+            asm.note(up)
+        errors = ex.take_errors()
+        if errors:
+            raise_refusal(errors[0])
+
+
+async def _events(ex: Exchange, asm: Assembler) -> AsyncIterator[bytes]:
+    yield sse.events(asm.opening())
+    while not asm.done:
+        ups = await ex.updates()
+        out = b"".join(sse.events(asm.chunks(up)) for up in ups)
+        for err in ex.take_errors():  # an engine fault mid-stream: say so; the abort follows
+            out += sse.event(from_engine(err).body())
+        if out:
+            yield out
+    if asm.req.include_usage:
+        yield sse.event(asm.usage_chunk())
+    yield sse.DONE
+
+
+def api_routes(ctx: ApiContext) -> list[BaseRoute]:
+    def bind(fn, *args):
+        async def endpoint(request: Request) -> Response:
+            return await fn(ctx, request, *args)
+        return endpoint
+
+    return [Route("/v1/models", bind(models), methods=["GET"]),
+            Route("/v1/completions", bind(generate, Endpoint.COMPLETIONS), methods=["POST"]),
+            Route("/v1/chat/completions", bind(generate, Endpoint.CHAT), methods=["POST"]),
+            Route("/reset_prefix_cache", bind(reset_prefix_cache), methods=["POST"])]
