@@ -35,7 +35,9 @@ class _Choice:
     index: int
     echo: str = ""  # text put in front of the answer (echo)
     tokens_sent: int = 0
-    chars_sent: int = 0  # completions text_offset, after the echo
+    # completions' text_offset of the next token: the echo plus the token strings so far
+    # (as a non-streamed answer counts them, so both give the same offsets)
+    offset: int = 0
     finished: bool = False
 
 
@@ -55,7 +57,7 @@ class Assembler:
         for p, rid in enumerate(self.rids):
             echo = self._echo(p)
             for k in range(n):
-                self._choices[(rid, k)] = _Choice(p * n + k, echo)
+                self._choices[(rid, k)] = _Choice(p * n + k, echo, offset=len(echo))
 
     @property
     def chat(self) -> bool:
@@ -96,15 +98,26 @@ class Assembler:
             return None
         return c.stop_reason
 
+    def _token(self, token_id: int) -> tuple[str, list[int]]:
+        if self.req.tokens_as_ids:
+            name = f"token_id:{token_id}"
+            return name, list(name.encode())
+        return self.strings.token(token_id)
+
     def _logprobs(self, c: CompletionOutput, ids: list[int], start: int, offset: int):
         if self.req.logprobs is None:
             return None
         entries = (c.logprobs or [])[start:start + len(ids)]
         if self.chat:
-            return R.chat_logprobs(ids, entries, self.strings.token, self.req.logprobs)
-        return R.completion_logprobs(ids, entries, self.strings.token, offset, self.req.logprobs)
+            return R.chat_logprobs(ids, entries, self._token, self.req.logprobs)
+        return R.completion_logprobs(ids, entries, self._token, offset, self.req.logprobs)
 
     # ---- streaming ----------------------------------------------------------------
+
+    def _ids(self, choice: dict[str, Any], ids: list[int]) -> dict[str, Any]:
+        if self.req.return_token_ids:  # vLLM's extra: the tokens behind the text
+            choice["token_ids"] = list(ids)
+        return choice
 
     def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
         return R.envelope(self.response_id, self.object, self.created, self.model, [choice])
@@ -136,20 +149,24 @@ class Assembler:
             ends = c.finish_reason is not None
             if not (text or ids or ends):
                 continue
-            logprobs = self._logprobs(c, list(ids), ch.tokens_sent, len(ch.echo) + ch.chars_sent)
+            logprobs = self._logprobs(c, list(ids), ch.tokens_sent, ch.offset)
             ch.tokens_sent += len(ids)
-            ch.chars_sent += len(text)
+            if logprobs is not None:
+                ch.offset += sum(len(self._token(t)[0]) for t in ids)
             reason, stop = (c.finish_reason, self._stop_reason(c)) if ends else (None, None)
             # A token may decode to nothing yet (half a character): its text comes with a
-            # later delta; a chunk goes out now only when it has text or logprobs to carry.
-            says = bool(text) or (logprobs is not None and bool(ids))
+            # later delta; a chunk goes out now only with text, or tokens the caller wants
+            # to see (logprobs, token ids).
+            says = bool(text) or bool(ids) and (logprobs is not None or self.req.return_token_ids)
             if self.chat:
                 if says:
-                    found.append((ch.index, R.chat_delta(ch.index, {"content": text}, logprobs)))
+                    found.append((ch.index, self._ids(
+                        R.chat_delta(ch.index, {"content": text}, logprobs), ids)))
                 if ends:  # the finish rides an empty delta of its own
                     found.append((ch.index, R.chat_delta(ch.index, {}, None, reason, stop)))
             elif says or ends:
-                found.append((ch.index, R.completion_choice(ch.index, text, logprobs, reason, stop)))
+                found.append((ch.index, self._ids(
+                    R.completion_choice(ch.index, text, logprobs, reason, stop), ids)))
             ch.finished = ends
         return [self._chunk(choice) for _, choice in sorted(found, key=lambda x: x[0])]
 
@@ -166,8 +183,8 @@ class Assembler:
                 ch = self._choices[(rid, c.index)]
                 logprobs = self._logprobs(c, list(c.token_ids), 0, len(ch.echo))
                 make = R.chat_choice if self.chat else R.completion_choice
-                choices.append(make(ch.index, ch.echo + c.text, logprobs, c.finish_reason,
-                                    self._stop_reason(c)))
+                choices.append(self._ids(make(ch.index, ch.echo + c.text, logprobs, c.finish_reason,
+                                              self._stop_reason(c)), c.token_ids))
         choices.sort(key=lambda c: c["index"])
         return R.envelope(self.response_id, R.CHAT if self.chat else R.COMPLETION, self.created,
                           self.model, choices, self.usage())

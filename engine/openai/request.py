@@ -6,7 +6,10 @@ chat template applied by the engine); ``max_tokens`` / ``max_completion_tokens``
 ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``min_tokens``, ``seed``, ``n``,
 ``stop``, ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
 ``skip_special_tokens``, ``logprobs`` (completions: how many alternatives; chat: a
-bool with ``top_logprobs``), ``echo``, ``stream``, ``stream_options.include_usage``.
+bool with ``top_logprobs``), ``echo``, ``stream``, ``stream_options.include_usage``,
+and vLLM's ``return_token_ids`` (each choice also carries its token ids) and
+``return_tokens_as_token_ids`` (logprobs name tokens ``token_id:N``: distinct even where
+two tokens decode to the same string, e.g. halves of characters).
 JSON ``null`` means "the default".
 
 Fields this engine cannot honour are refused with a 400 naming them, unless they
@@ -60,6 +63,8 @@ class ApiRequest:
     include_usage: bool
     echo: bool
     logprobs: int | None  # alternatives per token; None: no logprobs in the answer
+    return_token_ids: bool = False
+    tokens_as_ids: bool = False  # return_tokens_as_token_ids
 
     @property
     def num_requests(self) -> int:
@@ -226,7 +231,8 @@ def parse_completion(body: Any, limits: ParseLimits = ParseLimits()) -> ApiReque
     stream, usage = _stream(b)
     params = _params(b, limits, _max_tokens(b, "max_tokens", 16), logprobs)
     return ApiRequest(Endpoint.COMPLETIONS, _model(b), prompts, None, params, stream, usage,
-                      echo, logprobs)
+                      echo, logprobs, b.boolean("return_token_ids", False),
+                      b.boolean("return_tokens_as_token_ids", False))
 
 
 def _content(m: dict, i: int) -> str:
@@ -275,7 +281,8 @@ def parse_chat(body: Any, limits: ParseLimits = ParseLimits()) -> ApiRequest:
     stream, usage = _stream(b)
     params = _params(b, limits, _max_tokens(b, name, None), logprobs)
     return ApiRequest(Endpoint.CHAT, _model(b), (), messages, params, stream, usage,
-                      b.boolean("echo", False), logprobs)
+                      b.boolean("echo", False), logprobs, b.boolean("return_token_ids", False),
+                      b.boolean("return_tokens_as_token_ids", False))
 
 
 def check_model(model: str | None, served: tuple[str, ...]) -> None:

@@ -1,0 +1,157 @@
+"""Every error class in OpenAI's shape and status, and the server serves on after each."""
+
+import json
+import threading
+import time
+
+import openai
+import pytest
+
+from tests.openai.conftest import GREEDY, NO_EOS, Gate, client_for, post
+
+TOKEN = "a-long-enough-test-token-0123456789"
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def _body(exc: openai.APIStatusError) -> dict:
+    err = exc.body if "message" in (exc.body or {}) else exc.body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return err
+
+
+def _still_serves(client) -> None:
+    r = client.completions.create(model="llama", prompt="still up", extra_body=NO_EOS, **GREEDY)
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_bad_parameters_are_400_naming_the_parameter(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llama", prompt="x", temperature=-1)
+    err = _body(e.value)
+    assert err["param"] == "temperature" and err["type"] == "invalid_request_error"
+    assert err["code"] == "invalid_value" and "temperature" in err["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="llama", messages=CHAT, top_logprobs=2)
+    assert _body(e.value)["param"] == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as e:  # token ids outside the vocabulary
+        client.completions.create(model="llama", prompt=[1, 99999])
+    assert "vocabulary" in _body(e.value)["message"]
+    _still_serves(client)
+
+
+def test_prompt_longer_than_max_model_len_says_by_how_much(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llama", prompt="x" * 70)
+    err = _body(e.value)
+    assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    assert "70 tokens, 7 more than fit" in err["message"] and "max_model_len is 64" in err["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "y" * 80}])
+    assert "more than fit" in _body(e.value)["message"]
+    # one prompt of a list too long: the others are not left running
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="llama", prompt=["fine", "x" * 70], max_tokens=40,
+                                  extra_body=NO_EOS)
+    _still_serves(client)
+
+
+def test_unknown_model_is_404(client, tiny_llama):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=CHAT)
+    err = _body(e.value)
+    assert err["code"] == "model_not_found" and err["param"] == "model" and "'llama'" in err["message"]
+    # the path the server was started with is an alias of the model
+    r = client.completions.create(model=tiny_llama, prompt="alias", extra_body=NO_EOS, **GREEDY)
+    assert r.model == tiny_llama
+
+
+def test_token_required_as_bearer_when_set(make_server):
+    server = make_server(token=TOKEN)
+    for key in ("none", "wrong-token"):
+        with client_for(server, api_key=key) as c, pytest.raises(openai.AuthenticationError) as e:
+            c.models.list()
+        assert _body(e.value)["code"] == "invalid_api_key"
+        with client_for(server, api_key=key) as c, pytest.raises(openai.AuthenticationError):
+            c.completions.create(model="llama", prompt="x")
+    status, headers, _ = post(server, "/v1/chat/completions", {"messages": CHAT})
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+    with client_for(server, api_key=TOKEN) as c:
+        _still_serves(c)
+
+
+def test_loading_is_503(make_server):
+    gate = Gate()
+    server = make_server(ready=False, engine_factory=gate)
+    with client_for(server) as c:
+        for call in (lambda: c.models.list(),
+                     lambda: c.completions.create(model="llama", prompt="x")):
+            with pytest.raises(openai.InternalServerError) as e:
+                call()
+            assert e.value.status_code == 503 and _body(e.value)["code"] == "loading"
+        gate.open()
+        assert server.wait_ready(60).status.value == "ready"
+        _still_serves(c)
+
+
+def test_full_waiting_queue_is_429(make_server):
+    # One sequence runs, one waits; a third request finds the queue full.
+    server = make_server(engine={"max_num_seqs": 1, "max_waiting": 1})
+    c = client_for(server)
+    long = dict(model="llama", prompt="busy", temperature=0, max_tokens=50, stream=True,
+                extra_body=NO_EOS)
+    streams = [c.completions.create(**long) for _ in range(2)]  # both accepted: streams started
+    with pytest.raises(openai.RateLimitError) as e:
+        c.completions.create(model="llama", prompt="one too many")
+    err = _body(e.value)
+    assert err["code"] == "queue_full" and err["type"] == "rate_limit_error"
+    for s in streams:
+        s.close()  # gone: their requests are aborted (as soon as the server sees it)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return _still_serves(c)
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline, "the closed streams' requests were never aborted"
+            time.sleep(0.05)
+
+
+def test_http_level_errors(make_server):
+    server = make_server(max_frame_bytes=4096)
+    status, _, body = post(server, "/v1/completions", b"{not json")
+    assert status == 400 and "not valid JSON" in json.loads(body)["error"]["message"]
+    status, _, body = post(server, "/v1/completions", {"prompt": "y" * 5000})
+    assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+    status, _, body = post(server, "/v1/completions", None, method="GET")
+    assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
+    status, _, body = post(server, "/v1/embeddings", {"input": "x"})
+    assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+    status, _, body = post(server, "/elsewhere", None, method="GET")
+    assert status == 404 and json.loads(body)["error"] == "not_found"  # the server's own shape
+    # a browser page of another site may not drive the engine; one of this machine may
+    evil = {"Origin": "https://evil.example"}
+    status, _, body = post(server, "/v1/completions", {"prompt": "x"}, evil)
+    assert status == 403 and json.loads(body)["error"]["code"] == "origin_not_allowed"
+    ok = {"Origin": "http://localhost:8501"}
+    status, _, _ = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2}, ok)
+    assert status == 200
+
+
+def test_many_bad_clients_do_not_stop_others(make_server):
+    server = make_server()
+    c = client_for(server)
+    bad = [{"prompt": "x", "temperature": "hot"}, {"prompt": [[1], []]}, {"messages": "no"},
+           {"prompt": "x", "n": 10**6}, {"prompt": "x", "seed": 10**30}, {"prompt": "x" * 100}]
+    errors = []
+
+    def hammer():
+        for body in bad * 3:
+            errors.append(post(server, "/v1/completions", body)[0])
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    _still_serves(c)
+    for t in threads:
+        t.join(60)
+    assert set(errors) == {400} and len(errors) == 4 * 3 * len(bad)
+    _still_serves(c)
