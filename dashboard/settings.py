@@ -43,6 +43,13 @@ class Settings:
         scheme = "https" if u.scheme == "wss" else "http"
         return f"{scheme}://{u.netloc}/healthz"
 
+    @property
+    def api_url(self) -> str:
+        """The OpenAI API on the same port (an OpenAI client's ``base_url``)."""
+        u = urlsplit(self.url)
+        scheme = "https" if u.scheme == "wss" else "http"
+        return f"{scheme}://{u.netloc}/v1"
+
 
 def load() -> Settings:
     """Settings from the environment; invalid values fall back to defaults."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
+import os
+
+from engine.openai.snippets import TOKEN_ENV, curl_snippet, python_snippet
 from engine.server.client import ServerError
 
-from dashboard.connection import connection, feed
+from dashboard.connection import connection, feed, settings
 from dashboard.outputs_view import render_outputs
 from dashboard.preset_runner import PresetRunner, submit_one
 from dashboard.presets import PRESETS, Submission
@@ -86,6 +89,19 @@ def _presets() -> None:
                 st.toast(f"{workload.name}: submitting {workload.size} request(s)")
 
 
+def _api_snippets() -> None:
+    """Copy-paste clients for this server's OpenAI API: their requests show up here too."""
+    view = connection().view()
+    model = (view.config or {}).get("model_name") or settings().model
+    token = bool(os.environ.get(TOKEN_ENV))
+    with st.expander("From your own code: the OpenAI API on the same port", expanded=False):
+        st.caption("Any OpenAI client, app or benchmark can drive this engine; its requests "
+                   "appear on the Live page and in the recording (source `openai`), and each "
+                   "answer names its request in the `x-kvscope-request-id` header.")
+        st.code(python_snippet(settings().api_url, model, token), language="python")
+        st.code(curl_snippet(settings().api_url, model, token), language="bash")
+
+
 def page() -> None:
     st.title("Submit requests")
     st.subheader("Teaching presets")
@@ -95,6 +111,7 @@ def page() -> None:
     live = conn.wait_live(timeout=2.0)  # a just-opened connection needs a moment
     # until live, re-check every second so the preset buttons unlock by themselves
     st.fragment(run_every=None if live else 1.0)(_presets)()
+    _api_snippets()
     left, right = st.columns([1, 1.15], gap="medium")
     with left:
         _compose()

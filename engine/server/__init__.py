@@ -1,4 +1,4 @@
-"""The websocket server that owns one live engine, and the clients that talk to it.
+"""The server that owns one live engine (websockets + the OpenAI API on one port), and its clients.
 
 Kept free of imports on purpose: the dashboard imports ``engine.server.client``
 and ``engine.server.live``, which must not pull in torch or the model. The
@@ -11,10 +11,11 @@ Modules:
 - ``request_book``: which connection owns each live request; in-flight limits.
 - ``outbox``: a client's outgoing queue (bounded step messages, replies first).
 - ``hub``: the connections on the event-loop thread; ops → commands, deliveries → outboxes.
-- ``http``: ``/healthz``, ``/metrics`` and the auth/loading gate of the handshake.
+- ``http``: ``/healthz``, ``/metrics``, the websocket door and the token/Origin/loading gate.
 - ``prom``: the Prometheus registry (vLLM names).
 - ``security``: bind policy and token checks.
-- ``app``: ``KVScopeServer`` and ``ServerOptions``: assemble, run, shut down.
+- ``app``: ``KVScopeServer`` and ``ServerOptions``: assemble (Starlette on uvicorn), run, shut down.
+- ``ws_adapter``: the websocket route's connection as the Hub uses it (uvicorn websockets-sansio).
 - ``client``: ``KVScopeClient`` (synchronous); ``live``: ``LiveConnection`` (background thread).
 - ``commands``: ``kvscope serve`` and ``kvscope submit``.
 """

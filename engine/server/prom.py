@@ -8,7 +8,7 @@ latest step. prometheus_client appends ``_total`` to counters: the names given
 here omit it so the exposed names are exactly vLLM's.
 
 Writer: the Hub calls ``observe_step`` on the event-loop thread; scrapes also
-run there (the websocket handshake hook), so reads and writes never race.
+run there (the /metrics route), so reads and writes never race.
 """
 
 from __future__ import annotations

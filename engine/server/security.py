@@ -2,11 +2,11 @@
 
 Policy: the server binds loopback by default. Any other address needs both
 ``--allow-remote`` and a token in ``KVSCOPE_TOKEN``; otherwise it refuses to
-start. When a token is set (on any address) every websocket connection and
-every ``/metrics`` scrape must present it, as ``?token=`` or
-``Authorization: Bearer``; ``/healthz`` stays open so probes need no secret.
-Browsers may only connect from a localhost page (Origin check), so a website
-the user visits cannot drive a local engine.
+start. When a token is set (on any address) every websocket connection, every
+OpenAI API call and every ``/metrics`` scrape must present it, as ``?token=`` or
+``Authorization: Bearer`` (an OpenAI client's api_key); ``/healthz`` stays open so
+probes need no secret. Browsers may only connect or call from a localhost page
+(Origin check), so a website the user visits cannot drive a local engine.
 """
 
 from __future__ import annotations
