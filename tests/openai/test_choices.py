@@ -101,3 +101,16 @@ def test_abort_finishes_every_open_choice():
                                True), {0: ("a", [1])}))
     assert [(c["choices"][0]["index"], c["choices"][0]["delta"], c["choices"][0]["finish_reason"])
             for c in got] == [(0, {"content": "a"}, None), (0, {}, "abort"), (1, {}, "abort")]
+
+
+def test_chat_echo_prepends_the_last_assistant_message():
+    msgs = [{"role": "user", "content": "finish this"}, {"role": "assistant", "content": "Once"}]
+    a = _asm(parse_chat({"messages": msgs, "echo": True, "stream": True}))
+    opening = a.opening()
+    assert [c["choices"][0]["delta"] for c in opening] == [{"role": "assistant", "content": ""},
+                                                            {"content": "Once"}]
+    a.note(Update(_out("r", {0: (" upon", [1], "length", None, None)}, True), {}))
+    assert a.body()["choices"][0]["message"] == {"role": "assistant", "content": "Once upon"}
+    user_last = _asm(parse_chat({"messages": msgs[:1], "echo": True}))
+    user_last.note(Update(_out("r", {0: ("x", [1], "length", None, None)}, True), {}))
+    assert user_last.body()["choices"][0]["message"]["content"] == "x"  # echo only a prefill
