@@ -109,7 +109,9 @@ def _served(llm, workload, spec: Path, db: str) -> dict:
     return res
 
 
-def run(model: str, rounds: int) -> dict:
+def run(model: str, rounds: int, scale=None, engine: dict | None = None) -> dict:
+    """Both ways for ``rounds`` rounds; ``scale`` (default QUICK) sizes the mixed workload,
+    ``engine`` overrides engine options (the smoke test's tiny model)."""
     import torch
 
     from bench.measure import loadavg, machine_info
@@ -118,8 +120,9 @@ def run(model: str, rounds: int) -> dict:
     from engine import LLM
 
     torch.set_num_threads(1)
-    llm = LLM(model, max_num_seqs=CONCURRENCY, num_kv_blocks=512, **BASE_ENGINE)
-    workload = mixed(llm.get_tokenizer(), QUICK)
+    llm = LLM(model, **{**BASE_ENGINE, "max_num_seqs": CONCURRENCY, "num_kv_blocks": 512,
+                        **(engine or {})})
+    workload = mixed(llm.get_tokenizer(), scale or QUICK)
     tokens = workload.num_output_tokens
     load0 = loadavg()
     runs: dict[str, list[dict]] = {"offline": [], "served": []}

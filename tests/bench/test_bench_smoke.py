@@ -80,3 +80,15 @@ def test_report_keeps_other_sections(results, tmp_path):
     assert text.count(BEGIN) == 1 and text.count(END) == 1 and "keep me" in text
     write_json(results, tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["workloads"]
+
+
+def test_api_overhead_runs_both_ways_with_identical_tokens(tiny_llama):
+    from bench.api_overhead import render, run
+
+    scale = W.Scale(mixed_requests=4, mixed_prompt_median=12, mixed_prompt_range=(4, 30),
+                    mixed_output_median=6, mixed_output_range=(2, 10))
+    res = run(tiny_llama, 1, scale, {"max_model_len": 128, "num_kv_blocks": 128})
+    assert res["tokens_identical"] and res["requests"] == 4
+    assert [len(res["runs"][m]) for m in ("offline", "served")] == [1, 1]
+    assert all(r["wall_s"] > 0 and r["cpu_s"] > 0 for rs in res["runs"].values() for r in rs)
+    assert "| 16 streaming API clients: throughput served / LLM.generate | >= 0.9 |" in render(res)
