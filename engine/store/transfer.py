@@ -66,7 +66,8 @@ def import_run(store: RunStore, src: str | Path | IO[str], label: str | None = N
             requests.append({"run_id": new_id, "request_id": obj["request_id"],
                              "prompt": obj.get("prompt"), "params": dbm.dumps(obj.get("params")),
                              "outputs": dbm.dumps(obj.get("outputs")),
-                             "timings": dbm.dumps(obj.get("timings"))})
+                             "timings": dbm.dumps(obj.get("timings")),
+                             "source": obj.get("source")})
         else:
             raise ValueError(f"unknown line kind {kind!r} in run export")
     run = {"id": new_id, "started_at": head.get("started_at"),

@@ -17,7 +17,7 @@ def record_run(path, label="demo"):
         for r in records():
             rec.record_step(r)
         rec.record_request("a", "hello", {"max_tokens": 2}, [{"text": "hi", "token_ids": [9, 7]}],
-                           {"ttft_s": 0.1})
+                           {"ttft_s": 0.1}, source="openai")
         rec.finish()
         assert rec.flush()
         assert rec.healthy and rec.fault is None
@@ -37,6 +37,7 @@ def test_run_steps_requests_round_trip(tmp_path):
     [req] = store.load_requests(run_id)
     assert (req["request_id"], req["prompt"], req["params"], req["outputs"], req["timings"]) == \
         ("a", "hello", {"max_tokens": 2}, [{"text": "hi", "token_ids": [9, 7]}], {"ttft_s": 0.1})
+    assert req["source"] == "openai"
     with sqlite3.connect(path) as c:
         assert c.execute("pragma journal_mode").fetchone()[0] == "wal"
 
@@ -74,6 +75,7 @@ def test_label_delete_and_export_import(tmp_path):
     assert new_id != run_id
     assert store.load_steps(new_id) == store.load_steps(run_id)
     assert store.load_requests(new_id)[0]["outputs"] == store.load_requests(run_id)[0]["outputs"]
+    assert store.load_requests(new_id)[0]["source"] == "openai"
     assert store.snapshot_at(new_id, 3) == store.snapshot_at(run_id, 3)
     assert {r["label"] for r in store.list_runs()} == {"renamed", "copy"}
 
@@ -110,3 +112,15 @@ def test_recorder_validates_config_and_run(tmp_path):
             rec.record_step(records()[0])
     with pytest.raises(RuntimeError, match="closed"):
         rec.record_step(records()[0], run_id="x")
+
+
+def test_a_file_from_before_sources_gets_the_column(tmp_path):
+    path = str(tmp_path / "old.sqlite")
+    with sqlite3.connect(path) as c:  # the requests table as it was before sources
+        c.execute("create table requests (run_id text, request_id text, prompt text, params text, "
+                  "outputs text, timings text, primary key (run_id, request_id))")
+        c.execute("insert into requests values ('r', 'a', 'p', '{}', '[]', '{}')")
+    store = RunStore(path)
+    with store.db() as d:
+        assert "source" in d["requests"].columns_dict
+        assert [row["source"] for row in d["requests"].rows] == [None]
