@@ -178,7 +178,8 @@ async def reset_prefix_cache(ctx: ApiContext, request: Request) -> Response:
     return JSONResponse(reply.result if isinstance(reply, Ok) else {})
 
 
-async def _submit(ctx: ApiContext, ex: Exchange, req: ApiRequest, rid: str) -> list[str]:
+def _submit(ex: Exchange, req: ApiRequest, rid: str) -> list[str]:
+    """Queue the call's engine requests (one per prompt); returns their ids."""
     if req.endpoint is Endpoint.CHAT:
         items: list = [(rid, None, list(req.messages))]
     elif len(req.prompts) == 1:
@@ -201,7 +202,7 @@ async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Res
     ex = ctx.desk.open()
     streaming = False
     try:
-        rids = await _submit(ctx, ex, req, rid)
+        rids = _submit(ex, req, rid)
         await _unless_gone(request, ex.accept_all())
         asm = Assembler(req, rids, rid, req.model or health.model, int(time.time()), ctx.strings())
         if req.stream:
