@@ -42,7 +42,8 @@ class SamplingParams:
             (_is_num(self.temperature) and self.temperature >= 0,
              f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}"),
             (_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}"),
-            (_is_int(self.top_k) and self.top_k >= 0, f"top_k must be >= 0 (0 or -1 = off), got {self.top_k!r}"),
+            (_is_int(self.top_k) and 0 <= self.top_k < (1 << 63),  # the sampler makes an int64 tensor
+             f"top_k must be >= 0 (0 or -1 = off) and fit 64 bits, got {self.top_k!r}"),
             (_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}"),
             (self.seed is None or (_is_int(self.seed) and -(1 << 63) <= self.seed < (1 << 63)),
              f"seed must be a 64-bit signed integer or None, got {self.seed!r}"),

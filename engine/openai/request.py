@@ -21,6 +21,7 @@ ignoring a penalty would change results behind the caller's back. Everything els
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,8 +109,8 @@ class _Body:
         v = self.d.get(name)
         if v is None:
             return default
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
-            raise bad(f"{name} must be a number, got {v!r}", name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise bad(f"{name} must be a finite number, got {v!r}", name)  # json takes NaN, Infinity
         return float(v)
 
     def neutral(self) -> None:

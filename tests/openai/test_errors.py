@@ -140,7 +140,8 @@ def test_many_bad_clients_do_not_stop_others(make_server):
     server = make_server()
     c = client_for(server)
     bad = [{"prompt": "x", "temperature": "hot"}, {"prompt": [[1], []]}, {"messages": "no"},
-           {"prompt": "x", "n": 10**6}, {"prompt": "x", "seed": 10**30}, {"prompt": "x" * 100}]
+           {"prompt": "x", "n": 10**6}, {"prompt": "x", "seed": 10**30}, {"prompt": "x" * 100},
+           {"prompt": "x", "top_k": 10**30}, b'{"prompt": "x", "temperature": Infinity}']
     errors = []
 
     def hammer():

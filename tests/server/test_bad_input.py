@@ -29,6 +29,9 @@ def test_bad_frames_get_errors_and_the_connection_stays_open(make_server):
         (json.dumps({"type": "submit", "prompt": "x", "params": {"tempreature": 1}}), "bad_params"),
         (json.dumps({"type": "submit", "prompt": "x", "params": {"n": "2"}}), "bad_params"),
         (json.dumps({"type": "submit", "prompt": "x", "params": {"n": 10**6}}), "bad_params"),
+        # past 64 bits these once crashed the engine step, aborting everyone's requests
+        (json.dumps({"type": "submit", "prompt": "x", "params": {"seed": 10**30}}), "bad_params"),
+        (json.dumps({"type": "submit", "prompt": "x", "params": {"top_k": 10**30}}), "bad_params"),
         (json.dumps({"type": "submit", "prompt": "word " * 100, "request_id": "long"}), "prompt_too_long"),
         (json.dumps({"type": "submit", "prompt": [1, 99999]}), "bad_request"),
         (json.dumps({"type": "submit", "prompt": ""}), "prompt_too_long"),
