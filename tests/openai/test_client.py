@@ -189,3 +189,15 @@ def test_greedy_completion_equals_llm_generate(client, tiny_llama):
                                        extra_body={"ignore_eos": True, "return_token_ids": True})
     assert r.choices[0].token_ids == chat.outputs[0].token_ids
     assert r.usage.prompt_tokens == len(chat.prompt_token_ids)
+
+
+@pytest.mark.xfail(strict=True, reason="engine/request_group.py streams a stop string's first "
+                   "characters before the rest arrives; the output processor (engine-step "
+                   "branch) holds them back. Remove this mark when it lands.")
+def test_streamed_text_equals_non_streamed_with_a_stop_string(client):
+    kw = dict(model="llama", prompt="prompt number 7", temperature=0, max_tokens=20, stop=["A7"],
+              extra_body=NO_EOS)
+    whole = client.completions.create(**kw)
+    assert whole.choices[0].finish_reason == "stop" and whole.choices[0].stop_reason == "A7"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+    assert streamed == whole.choices[0].text
