@@ -83,6 +83,25 @@ def _offline(llm, workload) -> dict:
             "token_ids": [o.outputs[0].token_ids for o in outs]}
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, by thread name (unnamed ones summed
+    as "other"), so a served run's cost splits into engine, HTTP loop and recorder."""
+    import threading
+
+    import psutil
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for t in psutil.Process().threads():
+        name = names.get(t.id, "other")
+        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
+    return out
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+
+
 def _served(llm, workload, spec: Path, db: str) -> dict:
     import urllib.request
 
@@ -95,17 +114,17 @@ def _served(llm, workload, spec: Path, db: str) -> dict:
         server.wait_ready(120)
         urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{server.port}/reset_prefix_cache", method="POST"), timeout=30).read()
-        cpu0 = time.process_time()
+        cpu0, threads0 = time.process_time(), _thread_cpu()
         out = subprocess.run([sys.executable, "-m", "bench.api_overhead", "--client", server.http_url,
                               "--served-model", engine.spec.name, "--spec", str(spec)],
                              capture_output=True, text=True, check=True, timeout=3600,
                              cwd=Path(__file__).resolve().parents[1])
-        cpu = time.process_time() - cpu0
+        cpu, threads = time.process_time() - cpu0, _delta(_thread_cpu(), threads0)
     finally:
         server.stop()
         engine.step_listeners.clear()  # the server's listeners; the next offline run has none
     res = json.loads(out.stdout)
-    res["cpu_s"] = cpu
+    res["cpu_s"], res["thread_cpu_s"] = cpu, threads
     return res
 
 
@@ -176,6 +195,14 @@ def render(res: dict) -> str:
         name = "LLM.generate" if mode == "offline" else "kvscope serve + 16 openai streams"
         lines.append(f"| {name} | {m[mode]:.1f} | {c[mode]:.1f} | {runs} |")
     lines += ["", "Greedy tokens identical in every run: " + ("yes" if res["tokens_identical"] else "NO")]
+    served = [r for r in res["runs"]["served"] if "thread_cpu_s" in r]
+    if served:  # where the served runs' CPU went, per thread of the server process
+        names = sorted({k for r in served for k in r["thread_cpu_s"]})
+        lines += ["", "| served run | " + " | ".join(f"{n} CPU-s" for n in names) + " | offline run CPU-s |",
+                  "|---" * (len(names) + 2) + "|"]
+        for i, (r, o) in enumerate(zip(served, res["runs"]["offline"])):
+            lines.append(f"| {i} | " + " | ".join(f"{r['thread_cpu_s'].get(n, 0):.2f}" for n in names)
+                         + f" | {o['cpu_s']:.2f} |")
     return "\n".join(lines)
 
 
