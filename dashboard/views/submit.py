@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.server.client import ServerError
+from engine.client import ServerError
 
 from dashboard.connection import connection, feed
 from dashboard.outputs_view import render_outputs

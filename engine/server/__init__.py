@@ -1,20 +1,27 @@
-"""The websocket server that owns one live engine, and the clients that talk to it.
+"""The server that owns one live engine: the websocket front door, /healthz, /metrics.
 
-Kept free of imports on purpose: the dashboard imports ``engine.server.client``
-and ``engine.server.live``, which must not pull in torch or the model. The
-server side (``app``, ``engine_loop``) imports them only when a server starts.
+Kept free of imports on purpose: ``engine.server.commands`` is imported for every
+CLI command, and the server side (``app``, ``engine_loop``) pulls in torch and the
+model only when a server starts. The wire format is ``engine.protocol``; the
+clients are ``engine.client``.
 
 Modules:
-- ``protocol``: wire format v1 (ops in, messages out, error codes). Pure Python.
-- ``engine_commands``: typed commands into the engine thread and deliveries out.
+- ``sink``: ``Sink``, where the engine thread's answers for one front-door client go.
+- ``mailbox``: letters (sink + op or lifecycle command) into the engine thread,
+  deliveries out.
 - ``engine_loop``: the engine thread (the only code that touches the LLMEngine).
-- ``request_book``: which connection owns each live request; in-flight limits.
+- ``engine_restart``: rebuilding the engine for ``restart``, within the operator's limits.
+- ``request_book``: which sink owns each live request; in-flight and ``n`` limits.
+- ``output_messages``: a RequestOutput as ``output``/``finished`` messages.
+- ``hub``: the websocket front door on the event-loop thread: frames → ops →
+  mailbox; deliveries → sinks and subscribers.
+- ``ws_connection``: ``ClientConn``, one websocket client as a Sink.
 - ``outbox``: a client's outgoing queue (bounded step messages, replies first).
-- ``hub``: the connections on the event-loop thread; ops → commands, deliveries → outboxes.
+- ``step_history``: recent steps of the live run, and the answer to ``steps_since``.
 - ``http``: ``/healthz``, ``/metrics`` and the auth/loading gate of the handshake.
+- ``health``: loading → ready → stopping, as ``/healthz`` reports it.
 - ``prom``: the Prometheus registry (vLLM names).
 - ``security``: bind policy and token checks.
 - ``app``: ``KVScopeServer`` and ``ServerOptions``: assemble, run, shut down.
-- ``client``: ``KVScopeClient`` (synchronous); ``live``: ``LiveConnection`` (background thread).
-- ``commands``: ``kvscope serve`` and ``kvscope submit``.
+- ``commands``: ``kvscope serve``.
 """

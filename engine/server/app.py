@@ -25,12 +25,13 @@ from typing import Any
 from websockets.asyncio.server import serve
 
 from engine.config import EngineConfig
-from engine.server import engine_commands as C
 from engine.server.engine_loop import EngineFactory, EngineWorker
 from engine.server.health import Health, HealthBoard, Status
 from engine.server.http import HttpGate
 from engine.server.hub import Hub, HubLimits
+from engine.server.mailbox import Delivery, Mailbox, Shutdown
 from engine.server.prom import ServerMetrics
+from engine.server.request_book import MAX_N
 from engine.server.security import ALLOWED_ORIGINS, BindRefused, check_bind
 
 log = logging.getLogger("kvscope.server")
@@ -52,11 +53,13 @@ class ServerOptions:
     max_in_flight_per_conn: int = 64
     max_pending_ops: int = 1024  # client ops queued for the engine thread, all connections
     step_buffer: int = 256
+    step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
     ping_interval: float | None = 20.0
     engine_factory: EngineFactory | None = None  # tests: control how (and when) the engine loads
 
     def __post_init__(self) -> None:
-        for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer"):
+        for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer",
+                     "step_history"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -69,7 +72,7 @@ class ServerOptions:
         return {"max_frame_bytes": self.max_frame_bytes,
                 "max_in_flight_per_connection": self.max_in_flight_per_conn,
                 "max_queue": self.engine.max_waiting, "step_buffer": self.step_buffer,
-                "max_n": HubLimits().max_n}
+                "max_n": MAX_N}
 
 
 class KVScopeServer:
@@ -79,9 +82,9 @@ class KVScopeServer:
         self.board = HealthBoard(options.engine.model)
         self.metrics = ServerMetrics()
         self.metrics.watch_config(lambda: self.board.current.config)
-        self.commands = C.CommandQueue(options.max_pending_ops)
-        self.hub = Hub(self.commands, self.metrics,
-                       HubLimits(options.max_frame_bytes, options.step_buffer))
+        self.mailbox = Mailbox(options.max_pending_ops)
+        self.hub = Hub(self.mailbox, self.metrics,
+                       HubLimits(options.max_frame_bytes, options.step_buffer, options.step_history))
         self.recorder: Any = None
         self.worker: EngineWorker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -145,7 +148,7 @@ class KVScopeServer:
                 loop.add_signal_handler(sig, stop.set)
         opts = self.options
 
-        def post(batch: list[C.Delivery]) -> None:
+        def post(batch: list[Delivery]) -> None:
             try:
                 loop.call_soon_threadsafe(self.hub.deliver, batch)
             except RuntimeError:
@@ -168,10 +171,11 @@ class KVScopeServer:
             async with server:
                 self.port = server.sockets[0].getsockname()[1]
                 if opts.record:
-                    from engine.store import Recorder
+                    from engine.store import Recorder, RunStore
 
                     self.recorder = Recorder(opts.db)
-                self.worker = EngineWorker(opts.engine, post, self.commands, self.board,
+                    self.hub.history.store = RunStore(self.recorder.path)
+                self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board,
                                            self.recorder, opts.label, opts.max_in_flight_per_conn,
                                            opts.limits(), opts.engine_factory)
                 self.worker.start()
@@ -195,7 +199,7 @@ class KVScopeServer:
         worker = self.worker
         if worker is not None:
             worker.stop_requested.set()
-            self.commands.put(C.Shutdown(0))
+            self.mailbox.send_lifecycle(None, Shutdown())
             if self.board.current.status is not Status.LOADING:
                 await asyncio.to_thread(worker.join, 30.0)
         deadline = time.monotonic() + 1.0  # let final replies (finished/abort) reach clients

@@ -28,6 +28,11 @@ class StepOutOfRangeError(ValueError):
     """The requested step is outside the run's recorded steps."""
 
 
+def _step_record(row: dict[str, Any]) -> StepRecord:
+    return StepRecord.from_dict({**row, "events": dbm.loads(row["events"], []),
+                                 "metrics": dbm.loads(row["metrics"], {})})
+
+
 def _run_row(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     out["config"] = dbm.loads(row.get("config"), {})
@@ -98,8 +103,19 @@ class RunStore:
             where, args = where + " and step <= ?", args + [upto_step]
         with self.db() as d:
             rows = list(d["steps"].rows_where(where, args, order_by="seq"))
-        return [StepRecord.from_dict({**r, "events": dbm.loads(r["events"], []),
-                                      "metrics": dbm.loads(r["metrics"], {})}) for r in rows]
+        return [_step_record(r) for r in rows]
+
+    def steps_after(self, run_id: str, seq: int, before_seq: int | None = None,
+                    limit: int | None = None) -> list[StepRecord]:
+        """Up to ``limit`` of the run's StepRecords with ``seq`` < their seq (< ``before_seq``),
+        in seq order: the rows a live client missed, not the whole run."""
+        self.get_run(run_id)
+        where, args = "run_id = ? and seq > ?", [run_id, seq]
+        if before_seq is not None:
+            where, args = where + " and seq < ?", args + [before_seq]
+        with self.db() as d:
+            rows = list(d["steps"].rows_where(where, args, order_by="seq", limit=limit))
+        return [_step_record(r) for r in rows]
 
     def step_range(self, run_id: str) -> tuple[int, int] | None:
         """(first, last) recorded step of the run, or None when it has no steps."""

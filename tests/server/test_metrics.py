@@ -2,7 +2,7 @@
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.server.client import KVScopeClient
+from engine.client import KVScopeClient
 from tests.server.helpers import GREEDY, http_get
 
 VLLM = ("vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
