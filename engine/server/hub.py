@@ -138,7 +138,10 @@ class Hub:
         """Apply one batch from the engine thread (called on the loop, in order)."""
         for d in batch:
             if isinstance(d, Reply):
-                d.sink.deliver(d.item)
+                try:
+                    d.sink.deliver(d.item)
+                except Exception:  # one front door's fault must not cost the rest of the batch
+                    log.exception("kvscope: delivering to sink %d failed", d.sink.id)
             elif isinstance(d, StepOut):
                 self._broadcast_step(d)
             elif isinstance(d, NewRun):

@@ -33,7 +33,7 @@ class RequestBook:
         self.max_in_flight = max_in_flight_per_sink
         self.max_n = max_n
         self._owned: dict[str, Owned] = {}
-        self._in_flight: dict[Sink, int] = {}  # sink -> live requests
+        self._in_flight: dict[int, int] = {}  # sink id -> live requests (ids: no hashing of sinks)
         self._used: set[str] = set()  # ids used this run
         self._next = 0
 
@@ -52,7 +52,7 @@ class RequestBook:
         if params.n > self.max_n:
             return Error(ErrorCode.BAD_PARAMS, f"n must be <= {self.max_n} on this server, got {params.n}",
                          rid, "submit")
-        if self._in_flight.get(sink, 0) >= self.max_in_flight:
+        if self._in_flight.get(sink.id, 0) >= self.max_in_flight:
             return Error(ErrorCode.TOO_MANY_IN_FLIGHT, f"this connection already has {self.max_in_flight} "
                          f"requests in flight; wait for one to finish", rid, "submit")
         if rid in self._used:
@@ -63,17 +63,17 @@ class RequestBook:
     def add(self, rid: str, sink: Sink, params: dict[str, Any]) -> None:
         self._used.add(rid)
         self._owned[rid] = Owned(sink, params)
-        self._in_flight[sink] = self._in_flight.get(sink, 0) + 1
+        self._in_flight[sink.id] = self._in_flight.get(sink.id, 0) + 1
 
     def get(self, rid: str) -> Owned | None:
         return self._owned.get(rid)
 
     def release(self, rid: str) -> None:
         owned = self._owned.pop(rid, None)
-        if owned is not None and owned.sink in self._in_flight:
-            self._in_flight[owned.sink] -= 1
-            if not self._in_flight[owned.sink]:
-                del self._in_flight[owned.sink]
+        if owned is not None and owned.sink.id in self._in_flight:
+            self._in_flight[owned.sink.id] -= 1
+            if not self._in_flight[owned.sink.id]:
+                del self._in_flight[owned.sink.id]
 
     def live(self, sink: Sink | None = None) -> list[str]:
         """Live request ids (of one sink, or all)."""

@@ -105,7 +105,11 @@ def test_idle_engine_sends_no_steps_and_does_not_spin(make_server):
     server = make_server()
     ws = raw(server.url)
     send(ws, type="submit", prompt="x", params=GREEDY, request_id="r")
-    recv_until(ws, lambda m: m["type"] == "finished")
+    _, before = recv_until(ws, lambda m: m["type"] == "finished")
+    step = next((m for m in before if m["type"] == "step"), None)  # the step frame, on the wire
+    if step is None:  # replies go first: the steps may still be queued behind them
+        step, _ = recv_until(ws, lambda m: m["type"] == "step")
+    assert set(step) == {"type", "seq", "step", "ts", "events", "metrics"}
     time.sleep(0.2)
     while True:  # drain what was already sent
         try:
