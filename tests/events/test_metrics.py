@@ -9,7 +9,7 @@ from engine.events.metrics import (
     MISS_CAUSES, LatencyObservations, MetricsConfig, MetricsTracker, percentile,
 )
 from engine.core.pool_summary import summarize_snapshot
-from engine.events.reducer import empty_state
+from engine.events.reducer import PoolState
 
 
 def block(i, ref, fill, h=None):
@@ -38,7 +38,7 @@ def test_pool_figures_hand_checked():  # PoolSummary.figures of a snapshot dict
         "num_used_blocks": 2, "num_free_blocks": 2, "num_shared_blocks": 2,
         "num_cached_free_blocks": 1,
     }
-    assert summarize_snapshot(empty_state(3, 4)).figures()["internal_fragmentation"] == 0.0
+    assert summarize_snapshot(PoolState(3, 4).to_snapshot()).figures()["internal_fragmentation"] == 0.0
 
 
 STEP1 = [
