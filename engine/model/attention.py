@@ -180,8 +180,7 @@ class TorchAttentionBackend(AttentionBackend):
 class TritonAttentionBackend(AttentionBackend):
     """Triton paged kernels; on CPU they run in Triton's interpreter (slow, exact)."""
 
-    def __init__(self, interpreted: bool = False) -> None:
-        self.interpreted = interpreted
+    def __init__(self) -> None:
         self._kernels: dict[str, Callable] = {}
 
     @property
@@ -231,7 +230,7 @@ def select_backend(name: BackendName, device: torch.device | str) -> AttentionBa
     if name == "torch":
         return TorchAttentionBackend()
     if device.type == "cuda":
-        return TritonAttentionBackend(interpreted=False)
+        return TritonAttentionBackend()
     if os.environ.get("TRITON_INTERPRET") != "1":
         if "triton" in sys.modules:
             raise RuntimeError(
@@ -245,4 +244,4 @@ def select_backend(name: BackendName, device: torch.device | str) -> AttentionBa
         "(TRITON_INTERPRET=1): exact but much slower than the torch backend",
         device.type,
     )
-    return TritonAttentionBackend(interpreted=True)
+    return TritonAttentionBackend()
