@@ -24,6 +24,7 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
+from engine.client.connect import DEFAULT_URL, ServerError, open_connection, submit_op
 from engine.events.step import StepRecord
 from engine.protocol.codec import decode_message, encode
 from engine.protocol.errors import ErrorCode, ProtocolError
@@ -33,7 +34,6 @@ from engine.protocol.messages import (
 from engine.protocol.ops import (
     Abort, Op, Ping, ResetPrefixCache, Restart, StepsSince, TakeSnapshot,
 )
-from engine.client.connect import DEFAULT_URL, ServerError, open_connection, submit_op
 
 
 class KVScopeClient:
