@@ -37,11 +37,10 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from engine.core.ids import RequestIdError, check_request_id
 from engine.events.types import PROTOCOL_VERSION
 
 __all__ = ["PROTOCOL_VERSION", "ErrorCode", "ProtocolError", "parse_op", "encode", "RESTART_KEYS"]
-
-MAX_REQUEST_ID_LEN = 128  # ids land in SQLite keys and log lines; longer ones are a mistake
 
 # Engine options a client may change with ``restart``: pool and scheduler shape only.
 # The model, device and anything touching files stay as the operator started them.
@@ -138,10 +137,10 @@ def _request_id(d: dict, required: bool, op: str) -> str | None:
     rid = d.get("request_id")
     if rid is None and not required:
         return None
-    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_REQUEST_ID_LEN or "#" in rid:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"request_id must be a string of 1..{MAX_REQUEST_ID_LEN} "
-                            f"characters without '#', got {rid!r}", op=op)
-    return rid
+    try:
+        return check_request_id(rid)
+    except RequestIdError as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, str(exc), op=op) from None
 
 
 def _submit(d: dict) -> SubmitOp:
