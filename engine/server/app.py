@@ -171,6 +171,8 @@ class KVScopeServer:
                     from engine.store import Recorder
 
                     self.recorder = Recorder(opts.db)
+                    self.board.watch_recorder(self.recorder.health)
+                    self.metrics.watch_recorder(self.recorder.health)
                 self.worker = EngineWorker(opts.engine, post, self.commands, self.board,
                                            self.recorder, opts.label, opts.max_in_flight_per_conn,
                                            opts.limits(), opts.engine_factory)
