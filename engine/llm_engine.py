@@ -18,6 +18,7 @@ from engine.core import (
     CacheConfig, EventLog, KVScopeError, Request, RequestStatus, SamplingParams, Scheduler,
     SchedulerConfig,
 )
+from engine.core.ids import check_request_id
 from engine.events.metrics import LatencyObservations, MetricsConfig, MetricsTracker
 from engine.events.step import StepRecord
 from engine.outputs import RequestOutput
@@ -100,9 +101,7 @@ class LLMEngine:
         """Tokenize and queue a request; raises KVScopeError subclasses for bad input."""
         params = params or SamplingParams()
         text, ids = self.tokenize(prompt, messages)
-        rid = request_id or f"req-{next(self._ids)}"
-        if "#" in rid:
-            raise KVScopeError(f"request id {rid!r} may not contain '#' (it names fork samples)")
+        rid = check_request_id(request_id) if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.groups:
             raise KVScopeError(f"request id {rid!r} is already in use")
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)

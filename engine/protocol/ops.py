@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from engine.core.errors import SamplingParamsError
+from engine.core.ids import MAX_REQUEST_ID_LEN, RequestIdError
+from engine.core.ids import check_request_id as core_check_request_id
 from engine.core.sampling_params import SamplingParams
 from engine.protocol.errors import ErrorCode, ProtocolError
 
-MAX_REQUEST_ID_LEN = 128  # ids land in SQLite keys and log lines; longer ones are a mistake
 
 # Engine options a client may change with ``restart``: pool and scheduler shape only.
 # The model, device and anything touching files stay as the operator started them.
@@ -28,10 +29,11 @@ RESTART_KEYS = ("block_size", "num_kv_blocks", "max_num_batched_tokens", "max_nu
 
 
 def check_request_id(rid: Any, op: str) -> None:
-    """Raise unless ``rid`` is a usable request id (``#`` names fork samples)."""
-    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_REQUEST_ID_LEN or "#" in rid:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"request_id must be a string of 1..{MAX_REQUEST_ID_LEN} "
-                            f"characters without '#', got {rid!r}", op=op)
+    """Raise unless ``rid`` is a usable request id (the one rule: ``engine.core.ids``)."""
+    try:
+        core_check_request_id(rid)
+    except RequestIdError as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, str(exc), op=op) from None
 
 
 @dataclass(frozen=True, slots=True)

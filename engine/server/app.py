@@ -175,6 +175,8 @@ class KVScopeServer:
 
                     self.recorder = Recorder(opts.db)
                     self.hub.history.store = RunStore(self.recorder.path)
+                    self.board.watch_recorder(self.recorder.health)
+                    self.metrics.watch_recorder(self.recorder.health)
                 self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board,
                                            self.recorder, opts.label, opts.max_in_flight_per_conn,
                                            opts.limits(), opts.engine_factory)

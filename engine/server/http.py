@@ -1,6 +1,6 @@
 """Plain HTTP on the websocket port, via websockets' ``process_request`` hook.
 
-- ``GET /healthz``: JSON ``{"status": "loading"|"ready"|"error"|"stopping", "detail", ...}``;
+- ``GET /healthz``: JSON ``{"status": "loading"|"ready"|"degraded"|"error"|"stopping", "detail", ...}``;
   200, except 503 after a failed load (so ``curl -f`` fails). No token needed.
 - ``GET /metrics``: Prometheus text (token needed when one is set).
 - A websocket handshake on ``/`` (or ``/ws``) passes when the token matches and
@@ -70,7 +70,7 @@ class HttpGate:
             return _respond(connection, 200, "kvscope server: connect a websocket client to this URL; "
                                              "see /healthz and /metrics\n", "text/plain; charset=utf-8")
         health = self.board.current
-        if health.status is not Status.READY:
+        if not health.serving:  # ready, or degraded (a recorder problem): both serve
             # Refused rather than accepted-then-closed: a client sees 503 during the
             # handshake and retries, with no half-open session to clean up.
             return _json(connection, http.HTTPStatus.SERVICE_UNAVAILABLE, health.to_dict())

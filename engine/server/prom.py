@@ -17,8 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engine.events.metrics import MISS_CAUSES
+from engine.store.recorder_health import RecorderHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
@@ -96,6 +98,10 @@ class ServerMetrics:
         self.connections.set_function(connections)
         self.outbox_max.set_function(outbox_max)
 
+    def watch_recorder(self, health: Callable[[], RecorderHealth]) -> None:
+        """The recorder's figures, read at scrape time from ``Recorder.health``."""
+        self.registry.register(_RecorderCollector(health))
+
     def watch_config(self, config: Callable[[], dict[str, Any]]) -> None:
         """Pool-shape gauges read at scrape time from the current engine config."""
         self.num_blocks.set_function(lambda: config().get("num_blocks") or 0)
@@ -122,3 +128,29 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _RecorderCollector:
+    """``kvscope_recorder_*``: totals the recorder keeps itself (so they never reset
+    with an engine restart), exposed as counters; backlog and liveness as gauges."""
+
+    def __init__(self, health: Callable[[], RecorderHealth]) -> None:
+        self.health = health
+
+    def collect(self):
+        h = self.health()
+        for name, doc, value in (
+                ("kvscope_recorder_errors", "Failed recorder write attempts (database faults).",
+                 h.errors_total),
+                ("kvscope_recorder_dropped_steps", "Steps dropped: the backlog passed its bound "
+                 "while the database failed (marked in the run).", h.dropped_steps_total),
+                ("kvscope_recorder_dropped_requests", "Finished requests' rows dropped the same way.",
+                 h.dropped_requests_total),
+                ("kvscope_recorder_skipped_rows", "Rows the database could never store, skipped.",
+                 h.skipped_rows_total),
+                ("kvscope_recorder_written_rows", "Rows the recorder committed.", h.written_rows_total)):
+            yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily("kvscope_recorder_backlog_steps",
+                                "Steps queued or held for a retry, not yet committed.", value=h.backlog_steps)
+        yield GaugeMetricFamily("kvscope_recorder_up", "1 while the recorder's writer runs and writes "
+                                "succeed, else 0.", value=int(h.alive and h.fault is None))

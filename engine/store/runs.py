@@ -15,6 +15,8 @@ import sqlite_utils
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
 from engine.store import db as dbm
+from engine.store import loss as lossm
+from engine.store.loss import Loss
 
 
 class UnknownRunError(LookupError):
@@ -31,6 +33,10 @@ class StepOutOfRangeError(ValueError):
 def _step_record(row: dict[str, Any]) -> StepRecord:
     return StepRecord.from_dict({**row, "events": dbm.loads(row["events"], []),
                                  "metrics": dbm.loads(row["metrics"], {})})
+
+
+class StepsLostError(ValueError):
+    """The pool at this step cannot be rebuilt: steps before it were lost (see ``Loss``)."""
 
 
 def _run_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -59,13 +65,18 @@ class RunStore:
 
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run, newest first: id, started_at, finished_at, model, label, config
-        (dict), num_steps, num_requests."""
-        sql = """
-            select r.*,
-              (select count(*) from steps s where s.run_id = r.id) as num_steps,
-              (select count(*) from requests q where q.run_id = r.id) as num_requests
-            from runs r order by r.started_at desc, r.id desc"""
+        (dict), num_steps, num_requests, lost_steps and lost_requests (see ``losses``)."""
         with self.db() as d:
+            # A database that never lost a row has no losses table (the recorder makes it).
+            lost = (f"(select coalesce(sum({{}}), 0) from {lossm.TABLE} x where x.run_id = r.id)"
+                    if lossm.TABLE in d.table_names() else "0")
+            sql = f"""
+                select r.*,
+                  (select count(*) from steps s where s.run_id = r.id) as num_steps,
+                  (select count(*) from requests q where q.run_id = r.id) as num_requests,
+                  {lost.format("num_steps")} as lost_steps,
+                  {lost.format("num_requests")} as lost_requests
+                from runs r order by r.started_at desc, r.id desc"""
             return [_run_row(row) for row in d.query(sql)]
 
     def get_run(self, run_id: str) -> dict[str, Any]:
@@ -84,7 +95,7 @@ class RunStore:
                 raise UnknownRunError(f"no run {run_id!r} in {self.path}")
 
     def delete_run(self, run_id: str) -> None:
-        """Remove a run with its steps and requests, in one transaction."""
+        """Remove a run with its steps, requests and loss markers, in one transaction."""
         with self.db() as d:
             with d.atomic():
                 cur = d.execute("delete from runs where id = ?", [run_id])
@@ -92,6 +103,8 @@ class RunStore:
                     raise UnknownRunError(f"no run {run_id!r} in {self.path}")
                 d.execute("delete from steps where run_id = ?", [run_id])
                 d.execute("delete from requests where run_id = ?", [run_id])
+                if lossm.TABLE in d.table_names():
+                    d.execute(f"delete from {lossm.TABLE} where run_id = ?", [run_id])
 
     # ---- steps and requests ---------------------------------------------------
 
@@ -135,10 +148,22 @@ class RunStore:
                 r[k] = dbm.loads(r[k])
         return rows
 
+    def losses(self, run_id: str) -> list[Loss]:
+        """Where the recorder dropped this run's rows (a database fault outlasted its
+        backlog), oldest first; [] for a complete run."""
+        self.get_run(run_id)
+        with self.db() as d:
+            if lossm.TABLE not in d.table_names():
+                return []
+            rows = d[lossm.TABLE].rows_where("run_id = ?", [run_id], order_by="ts, first_seq")
+            return [Loss.from_row(r) for r in rows]
+
     # ---- replay ----------------------------------------------------------------
 
     def state_at(self, run_id: str, step: int | None = None) -> PoolState:
-        """The folded PoolState after ``step`` (default: the last recorded step)."""
+        """The folded PoolState after ``step`` (default: the last recorded step).
+
+        StepsLostError when steps at or before ``step`` were lost."""
         run = self.get_run(run_id)
         cfg = run["config"]
         try:
@@ -154,6 +179,11 @@ class RunStore:
         if not rng[0] <= step <= rng[1]:
             raise StepOutOfRangeError(f"step {step} is out of range: run {run_id!r} has "
                                       f"steps {rng[0]}..{rng[1]}")
+        gaps = [x for x in self.losses(run_id) if x.num_steps and x.first_step <= step]
+        if gaps:  # folding across missing events would rebuild a pool that never existed
+            first = gaps[0]
+            raise StepsLostError(f"run {run_id!r}: {first.describe()}; the pool can be rebuilt "
+                                 f"up to step {first.first_step - 1} only")
         state = PoolState(num_blocks, block_size)
         for rec in self.load_steps(run_id, upto_step=step):
             state.apply_step(rec)
