@@ -222,7 +222,7 @@ class EngineWorker(threading.Thread):
         if not self._want_snapshot or self.engine.has_pending_events():
             return
         hello = self._hello()
-        snap = Snapshot(self._last_seq, self.engine.snapshot(), dict(self.engine.last_metrics))
+        snap = Snapshot(self._last_seq, self.engine.snapshot().to_dict(), dict(self.engine.last_metrics))
         for cmd in self._want_snapshot:
             if isinstance(cmd, C.Attach):
                 self._out.append(C.Attached(cmd.conn_id, hello, snap))
@@ -273,7 +273,7 @@ class EngineWorker(threading.Thread):
         old_run = self.run_id
         self._want_snapshot = [c for c in self._want_snapshot if isinstance(c, C.Attach)]
         self._install(new)
-        self._out.append(C.NewRun(self._hello(), Snapshot(-1, new.snapshot(), {})))
+        self._out.append(C.NewRun(self._hello(), Snapshot(-1, new.snapshot().to_dict(), {})))
         self._reply(cmd.conn_id, Ok("restart", {"run_id": self.run_id, "previous_run_id": old_run}))
 
     def _shutdown(self) -> None:

@@ -43,6 +43,6 @@ def test_late_joiner_snapshot_plus_steps_equals_fresh_snapshot(make_server):
         assert [s["seq"] for s in steps] == list(range(snap["seq"] + 1, fresh["seq"] + 1))
         for s in steps:
             state.apply_step(StepRecord.from_dict(s))
-        assert state.to_snapshot() == fresh["state"]
+        assert state.to_snapshot().to_dict() == fresh["state"]
         kinds = {e["type"] for s in steps for e in s["events"]}
         assert {"block_allocated", "request_finished"} <= kinds
