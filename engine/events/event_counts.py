@@ -41,11 +41,6 @@ from engine.events.types import (
 
 MISS_CAUSES = ("cold", "evicted", "partial", "disabled")
 
-_EVICTION_FIELD = {EvictionReason.REUSE: "num_evictions",
-                   EvictionReason.RESET: "num_reset_evictions",
-                   EvictionReason.ROLLBACK: "num_rollback_evictions"}
-
-
 @dataclass(slots=True)
 class EventCounts:
     prefix_cache_queries: int = 0
@@ -75,28 +70,28 @@ class EventCounts:
         return counts
 
     def add(self, e: Event) -> None:
-        """Count one event (most frequent types first: this runs for every event)."""
-        t = type(e)
-        if t is RequestProgress:
-            self.num_output_tokens += len(e.new_token_ids)
-        elif t is RequestScheduled:
-            if e.phase is ScheduledPhase.DECODE:
-                self.num_decode_tokens += e.num_tokens
-            else:
-                self.num_prefill_tokens += e.num_tokens
-        elif t is BlockEvicted:
-            name = _EVICTION_FIELD[e.reason]
-            setattr(self, name, getattr(self, name) + 1)
-        elif t is PrefixLookup:
-            self._lookup(e)
-        elif t is CowCopy:
-            self.cow_copies += 1
-        elif t is RequestPreempted:
-            self.num_preemptions += 1
-        elif t is RequestFinished:
-            self.num_requests_finished += 1
-        elif t is PrefixCacheReset:
-            self.prefix_cache_resets += 1
+        """Count one event. Runs for every event the engine writes, so it is one dict
+        lookup for the types nothing counts (allocations, frees, caching, hits)."""
+        rule = _RULES.get(type(e))
+        if rule is not None:
+            rule(self, e)
+
+    def _progress(self, e: RequestProgress) -> None:
+        self.num_output_tokens += len(e.new_token_ids)
+
+    def _scheduled(self, e: RequestScheduled) -> None:
+        if e.phase is ScheduledPhase.DECODE:
+            self.num_decode_tokens += e.num_tokens
+        else:
+            self.num_prefill_tokens += e.num_tokens
+
+    def _evicted(self, e: BlockEvicted) -> None:
+        if e.reason is EvictionReason.REUSE:
+            self.num_evictions += 1
+        elif e.reason is EvictionReason.RESET:
+            self.num_reset_evictions += 1
+        else:
+            self.num_rollback_evictions += 1
 
     def _lookup(self, e: PrefixLookup) -> None:
         if not e.caching_enabled:
@@ -112,6 +107,18 @@ class EventCounts:
             self.prefix_cache_miss_evicted += e.miss_evicted
             self.prefix_cache_miss_partial += e.miss_partial
 
+    def _cow(self, e: CowCopy) -> None:
+        self.cow_copies += 1
+
+    def _preempted(self, e: RequestPreempted) -> None:
+        self.num_preemptions += 1
+
+    def _finished(self, e: RequestFinished) -> None:
+        self.num_requests_finished += 1
+
+    def _reset(self, e: PrefixCacheReset) -> None:
+        self.prefix_cache_resets += 1
+
     def add_counts(self, other: EventCounts) -> None:
         """Add another instance's counts to this one."""
         for f in dataclasses.fields(self):
@@ -125,3 +132,11 @@ class EventCounts:
         """hits / queries of first admissions; None before any query."""
         q = self.prefix_cache_queries
         return self.prefix_cache_hits / q if q else None
+
+
+_RULES = {
+    RequestProgress: EventCounts._progress, RequestScheduled: EventCounts._scheduled,
+    BlockEvicted: EventCounts._evicted, PrefixLookup: EventCounts._lookup,
+    CowCopy: EventCounts._cow, RequestPreempted: EventCounts._preempted,
+    RequestFinished: EventCounts._finished, PrefixCacheReset: EventCounts._reset,
+}

@@ -29,8 +29,9 @@ Semantics the reducer relies on (writer: ``engine.core``):
 - ``request_forked``: a copy-on-write fork; the child's table is ``blocks`` (the
   parent's, including the partial last block), each gaining a reference.
 - ``cow_copy``: self-contained. Before writing into shared ``src`` (ref > 1) at
-  ``logical_index``, the request got fresh ``dst`` from the free queue (ref 1) in
-  its table's place; its reference to ``src`` is dropped, leaving
+  ``logical_index``, the request got fresh ``dst`` from the free queue (ref 1; a
+  ``block_evicted``, reason ``reuse``, comes first if dst held a hash) in its
+  table's place; its reference to ``src`` is dropped, leaving
   ``src_ref_count`` (>= 1, so src never becomes free here). No ``block_freed``
   accompanies it. The runner copies src → dst before the step's forward.
 - ``request_scheduled``: ``phase`` is a ``ScheduledPhase``.

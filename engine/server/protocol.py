@@ -1,4 +1,4 @@
-"""Wire format of protocol v1: client ops in, server messages out (JSON text frames).
+"""Wire format of protocol v2: client ops in, server messages out (JSON text frames).
 
 Pure Python (no torch), shared by the server and the clients.
 

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from engine.events.types import PROTOCOL_VERSION
 from engine.server.client import KVScopeClient, ServerError
 from engine.store import RunStore
 from tests.server.conftest import Gate
@@ -14,7 +15,7 @@ from tests.server.helpers import GREEDY, healthz, raw, recv_until, send
 def test_hello_snapshot_submit_stream_finished(make_server):
     server = make_server()
     with KVScopeClient(server.url, timeout=20) as c:
-        assert c.hello["protocol"] == 1 and c.run_id == server.health.run_id
+        assert c.hello["protocol"] == PROTOCOL_VERSION == 2 and c.run_id == server.health.run_id
         assert c.config["num_blocks"] == 64 and c.config["block_size"] == 4
         assert c.hello["limits"]["max_in_flight_per_connection"] == 64
         snap = c.initial_snapshot
