@@ -14,8 +14,8 @@ Telling evicted from cold needs the hashes that were dropped. A long-running
 server drops hashes forever, so the book remembers only the most recently dropped
 ``max_remembered`` (an LRU keyed by drop time; a hash cached again leaves it).
 Default bound: 4 pool-fulls of blocks, at least 4,096 and at most 262,144 hashes
-(about 190 bytes each: a 64-char hex string and its ordered-dict entry, so ~50 MB
-at most). Past the bound the oldest-dropped hash is forgotten, and a later miss
+(about 200 bytes each, measured: a 64-char hex string and its ordered-dict entry,
+so ~54 MB at most). Past the bound the oldest-dropped hash is forgotten, and a later miss
 on it reads ``cold``: after more than ``max_remembered`` drops, ``evicted`` is a
 lower bound and ``cold`` an upper bound. Misses stay exact in total.
 
