@@ -20,6 +20,7 @@ from engine.core import (
 )
 from engine.core.ids import check_request_id
 from engine.events.metrics import LatencyObservations, MetricsConfig, MetricsTracker
+from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.step import StepRecord
 from engine.outputs import RequestOutput
 from engine.request_group import RequestGroup
@@ -195,11 +196,13 @@ class LLMEngine:
     def reset_prefix_cache(self) -> int:
         return self.scheduler.kv.reset_prefix_cache()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> PoolSnapshot:
         return self.scheduler.snapshot()
 
     def stats(self) -> dict:
-        kv = self.scheduler.kv
+        # Counts from the one tracker every event passes (EventLog.counts), so they
+        # match the per-step metrics' cumulative counters, events kept or not.
+        counts = self.log.counts
         figures = self.scheduler.pool_summary().figures()
         return {
             "num_blocks": self.cache_config.num_blocks,
@@ -207,12 +210,14 @@ class LLMEngine:
             "kv_cache_usage": figures["kv_cache_usage"],
             "kv_token_usage": figures["kv_token_usage"],
             "internal_fragmentation": figures["internal_fragmentation"],
-            "prefix_cache_queries": kv.num_queries,
-            "prefix_cache_hits": kv.num_hits,
-            "prefix_cache_hit_rate": kv.num_hits / kv.num_queries if kv.num_queries else None,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "num_evictions": kv.pool.num_evictions,
-            "cow_copies": kv.num_cow_copies,
+            "prefix_cache_queries": counts.prefix_cache_queries,
+            "prefix_cache_hits": counts.prefix_cache_hits,
+            "prefix_cache_hit_rate": counts.prefix_cache_hit_rate,
+            "prefix_cache_resumed_queries": counts.prefix_cache_resumed_queries,
+            "prefix_cache_resumed_hits": counts.prefix_cache_resumed_hits,
+            "num_preemptions": counts.num_preemptions,
+            "num_evictions": counts.num_evictions,
+            "cow_copies": counts.cow_copies,
             "num_requests_running": len(self.scheduler.running),
             "num_requests_waiting": len(self.scheduler.waiting),
         }

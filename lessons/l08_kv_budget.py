@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.core import KVScopeError
-from engine.events import types as T
+from engine.events.types import RequestScheduled
 
 from lessons.base import Answer, Lesson, LessonResult, Question, bars, lines, table
 from lessons.scenario import Req, greedy
@@ -52,7 +52,7 @@ def run(ctx) -> LessonResult:
                 kv_cache_memory=budget, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False)
     num_blocks, engine_per_block = t.config["num_blocks"], t.config["kv_bytes_per_block"]
     per_seq = -(-MAX_MODEL_LEN // BLOCK_SIZE)
-    together = max(sum(1 for e in r.events if isinstance(e, T.RequestScheduled)) for r in t.records)
+    together = max(sum(1 for e in r.events if isinstance(e, RequestScheduled)) for r in t.records)
     try:
         ctx.engine(block_size=BLOCK_SIZE, kv_cache_memory=per_block * TINY_BLOCKS,
                    max_model_len=MAX_MODEL_LEN)

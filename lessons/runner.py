@@ -189,8 +189,8 @@ def run_lesson(lesson: Lesson, model: str, *, db: str | None = None, record: boo
         charts=result.charts,
         facts=result.facts,
         runs=[t.ref(focus_step if t is focus_trace else None) for t in ctx.traces],
-        pool={"run_id": focus_trace.run_id, "label": focus_trace.label, "step": snap["step"],
-              "snapshot": snap, "text": render_snapshot(snap, width)},
+        pool={"run_id": focus_trace.run_id, "label": focus_trace.label, "step": snap.step,
+              "snapshot": snap.to_dict(), "text": render_snapshot(snap, width)},
         recorded=record and stored,
         elapsed_s=round(time.perf_counter() - t0, 2),
     )

@@ -18,7 +18,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events.reducer import ImpossibleEventError, PoolState
+from engine.events.reducer import ImpossibleEventError, PoolSnapshot, PoolState
 from engine.events.step import StepRecord
 from engine.protocol.messages import Error, Finished, Hello, Message, Output, Snapshot, Step
 
@@ -53,7 +53,7 @@ class LiveView:
     run_id: str | None
     config: dict[str, Any] | None
     seq: int  # last step folded into ``state``
-    state: dict[str, Any] | None  # reducer snapshot shape, as of ``seq`` (lags while resyncing)
+    state: PoolSnapshot | None  # the folded pool as of ``seq`` (lags while resyncing)
     metrics: dict[str, Any] | None  # latest step's metrics
     metrics_history: list[dict[str, Any]]  # oldest first, bounded
     recent_steps: list[StepRecord]  # oldest first, bounded
@@ -84,7 +84,7 @@ class LiveState:
         self.seq = -1
         self.resyncing = False
         self._asked = False  # one snapshot request per resync
-        self._last_good: dict[str, Any] | None = None  # shown while the state is unusable
+        self._last_good: PoolSnapshot | None = None  # shown while the state is unusable
         self.metrics: dict[str, Any] | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=history)
         self.recent: deque[StepRecord] = deque(maxlen=recent_steps)
@@ -101,7 +101,7 @@ class LiveState:
                         self.seq, self._state_dict(), self.metrics, list(self.history),
                         list(self.recent), list(self.errors), self.gaps)
 
-    def _state_dict(self) -> dict[str, Any] | None:
+    def _state_dict(self) -> PoolSnapshot | None:
         if self.state is not None:
             try:
                 self._last_good = self.state.to_snapshot()

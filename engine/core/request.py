@@ -6,28 +6,12 @@ request's block table (kept in the manager, not here).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from engine.core.sampling_params import SamplingParams
+from engine.events.request_status import RequestStatus
 
-
-class RequestStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    PREEMPTED = "preempted"
-    FINISHED_LENGTH = "finished_length"
-    FINISHED_STOPPED = "finished_stopped"
-    FINISHED_ABORTED = "finished_aborted"
-
-    @property
-    def is_finished(self) -> bool:
-        return self.value.startswith("finished")
-
-    @property
-    def finish_reason(self) -> str | None:
-        return {"finished_length": "length", "finished_stopped": "stop",
-                "finished_aborted": "abort"}.get(self.value)
+__all__ = ["Request", "RequestStatus"]
 
 
 @dataclass(slots=True, eq=False)

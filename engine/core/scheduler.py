@@ -18,12 +18,14 @@ from engine.core.config import CacheConfig, SchedulerConfig, check_capacity
 from engine.core.errors import PromptTooLongError, QueueFullError
 from engine.core.event_log import EventLog
 from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.pool_summary import PoolSummary, summarize_manager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from engine.core.snapshot import build_snapshot
+from engine.core.snapshot import build_snapshot, summarize_pool
+from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.pool_summary import PoolSummary
 from engine.events.types import (
     RequestArrived, RequestFinished, RequestPreempted, RequestProgress, RequestScheduled,
+    ScheduledPhase,
 )
 
 
@@ -140,7 +142,7 @@ class Scheduler:
         samples = 0
         if end == req.num_tokens:
             samples = req.params.n if (req.params.n > 1 and not req.forked) else 1
-        phase = "decode" if decode else "prefill"
+        phase = ScheduledPhase.DECODE if decode else ScheduledPhase.PREFILL
         self.log.add(RequestScheduled(self.step, req.request_id, n, phase, start))
         return ScheduledRequest(req.request_id, req.token_ids[start:end], start,
                                 self.kv.block_ids(req.request_id),
@@ -216,8 +218,8 @@ class Scheduler:
 
     def pool_summary(self) -> PoolSummary:
         """The counts per-step metrics need; far cheaper than ``snapshot()``."""
-        return summarize_manager(self.step, self.kv, self.requests.values())
+        return summarize_pool(self.step, self.kv, self.requests.values())
 
-    def snapshot(self, tokens: bool = True) -> dict:
+    def snapshot(self, tokens: bool = True) -> PoolSnapshot:
         """The engine's true pool and request state (the protocol's snapshot shape)."""
         return build_snapshot(self.step, self.kv, self.requests.values(), tokens)

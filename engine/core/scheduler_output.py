@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.events.types import ScheduledPhase
+
 
 @dataclass(frozen=True, slots=True)
 class ScheduledRequest:
@@ -22,7 +24,7 @@ class ScheduledRequest:
     block_table: list[int]
     slot_mapping: list[int]
     num_samples: int
-    phase: str  # "prefill" | "decode"
+    phase: ScheduledPhase
 
     @property
     def num_new_tokens(self) -> int:

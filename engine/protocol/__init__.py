@@ -1,4 +1,4 @@
-"""Protocol v1: the websocket wire format between ``kvscope serve`` and its clients.
+"""Protocol v2: the websocket wire format between ``kvscope serve`` and its clients.
 
 Pure Python (no torch, no I/O), shared by ``engine.server`` and ``engine.client``:
 both ends encode and decode with these types.

@@ -1,4 +1,4 @@
-"""Error codes of protocol v1, and the exception a refused frame raises.
+"""Error codes of protocol v2, and the exception a refused frame raises.
 
 ``ErrorCode`` values are the strings of ``error.code`` on the wire. A
 ``ProtocolError`` carries one, with the request id and op it belongs to when the

@@ -1,4 +1,4 @@
-"""How a client opens a connection (protocol v1), before any frame.
+"""How a client opens a connection (protocol v2), before any frame.
 
 - A websocket on ``/`` (or ``/ws``) of the serve port. Text frames only; no
   compression.

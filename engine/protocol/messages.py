@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.step import StepRecord
 from engine.protocol.errors import ErrorCode, ProtocolError
 
@@ -58,8 +59,19 @@ class Snapshot(Message):
 
     type: ClassVar[str] = "snapshot"
     seq: int
-    state: dict[str, Any]
+    state: PoolSnapshot
     metrics: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "seq": self.seq, "state": self.state.to_dict(),
+                "metrics": self.metrics}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Snapshot:
+        try:
+            return cls(int(d["seq"]), PoolSnapshot.from_dict(d["state"]), dict(d.get("metrics") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed snapshot message: {exc!r}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("serve", help="run one live engine behind a websocket server",
                        description="Run one engine and stream its events over websockets "
-                                   "(protocol v1), with /healthz and /metrics on the same port.")
+                                   "(protocol v2), with /healthz and /metrics on the same port.")
     add_engine_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",

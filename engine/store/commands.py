@@ -86,13 +86,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         run = store.get_run(args.run_id)
         snap = store.snapshot_at(args.run_id, step)
         lo, hi = store.step_range(args.run_id)
-        metrics = store.metrics_at(args.run_id, snap["step"]) or {}
+        metrics = store.metrics_at(args.run_id, snap.step) or {}
         losses = store.losses(args.run_id)
     except (UnknownRunError, StepOutOfRangeError, ValueError, sqlite3.Error) as exc:
         print(f"kvscope replay: error: {exc}", file=sys.stderr)
         return 1
     title = f"run {run['id']}" + (f" ({run['label']})" if run.get("label") else "")
-    print(f"{title} | model {run.get('model') or '-'} | step {snap['step']} of {lo}..{hi}")
+    print(f"{title} | model {run.get('model') or '-'} | step {snap.step} of {lo}..{hi}")
     print(render_snapshot(snap, width=getattr(args, "width", None) or 32))
     shown = [f"{k} {_fmt_metric(metrics[k])}" for k in _METRICS_SHOWN if k in metrics]
     if shown:

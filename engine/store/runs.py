@@ -12,6 +12,7 @@ from typing import Any
 
 import sqlite_utils
 
+from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
 from engine.store import db as dbm
@@ -190,7 +191,7 @@ class RunStore:
         state.step = step
         return state
 
-    def snapshot_at(self, run_id: str, step: int | None = None) -> dict[str, Any]:
+    def snapshot_at(self, run_id: str, step: int | None = None) -> PoolSnapshot:
         """The pool snapshot after ``step``, rebuilt by replaying from the empty pool."""
         return self.state_at(run_id, step).to_snapshot()
 

@@ -29,7 +29,7 @@ def test_live_connection_follows_the_engine(make_server):
         assert live.wait_live(30)
         v = live.view()
         assert v.run_id == server.health.run_id and v.config["num_blocks"] == 64
-        assert v.state["num_blocks"] == 64 and v.seq == -1
+        assert v.state.num_blocks == 64 and v.seq == -1
         rid = live.submit("follow me", params=GREEDY)
         _until(lambda: live.outputs(rid).finished is not None)
         p = live.outputs(rid)
@@ -46,7 +46,7 @@ def test_live_connection_follows_the_engine(make_server):
         v = live.view()
         assert v.state == fresh.state and v.status == "live"
         assert len(v.metrics_history) == len(v.recent_steps) == fresh.seq + 1
-        assert v.metrics["step"] == fresh.state["step"]
+        assert v.metrics["step"] == fresh.state.step
         # A missed step (simulated: the server only drops steps for stalled sockets,
         # see test_stalled) makes it re-base from a snapshot.
         with live._changed:
@@ -61,7 +61,7 @@ def test_live_connection_follows_the_engine(make_server):
         result = live.restart({"num_kv_blocks": 32})
         assert result.result["previous_run_id"] == old_run
         _until(lambda: live.view().run_id == result.result["run_id"]
-               and live.view().state is not None and live.view().state["num_blocks"] == 32)
+               and live.view().state is not None and live.view().state.num_blocks == 32)
     finally:
         live.stop()
     assert live.view().status == "stopped"
@@ -97,12 +97,12 @@ def test_live_state_gaps_stale_steps_and_new_runs():
     assert not s.apply(_step(3))  # older than the snapshot: ignored
     assert not s.apply(_step(5, [{"type": "request_arrived", "step": 6, "request_id": "a",
                                   "num_prompt_tokens": 1, "prompt_token_ids": [7]}]))
-    assert s.seq == 5 and "a" in s.view().state["requests"]
+    assert s.seq == 5 and "a" in s.view().state.requests
     assert s.apply(_step(8))  # gap: ask for a snapshot, once
     assert not s.apply(_step(9)) and s.view().status == "resyncing" and s.gaps == 1
-    assert s.view().state["requests"].keys() == {"a"}  # stale but consistent as of seq 5
+    assert s.view().state.requests.keys() == {"a"}  # stale but consistent as of seq 5
     s.apply(Snapshot(9, _empty(4, 2)))
-    assert s.view().status == "live" and s.view().state["requests"] == {}
+    assert s.view().status == "live" and s.view().state.requests == {}
     assert [m["seq"] for m in s.view().metrics_history] == [5, 8, 9]  # bounded to 3
     s.apply(Hello(1, "r2", {}))  # restart: a new run
     assert s.view().metrics_history == [] and s.view().state is None

@@ -8,6 +8,7 @@ import pytest
 
 from engine.core.sampling_params import SamplingParams
 from engine.events import types as event_types
+from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
 from engine.protocol import (
     Abort, Accepted, Error, Finished, Hello, Ok, Output, Ping, Pong, ProtocolError,
@@ -99,11 +100,11 @@ def _record(seq: int) -> StepRecord:
 
 # One of every message, with its exact wire object: decode(encode(m)) == m for each.
 MESSAGE_CASES = [
-    (Hello(1, "run-1", {"num_blocks": 4, "block_size": 2}, {"max_n": 64}),
-     {"type": "hello", "protocol": 1, "run_id": "run-1", "config": {"num_blocks": 4, "block_size": 2},
+    (Hello(2, "run-1", {"num_blocks": 4, "block_size": 2}, {"max_n": 64}),
+     {"type": "hello", "protocol": 2, "run_id": "run-1", "config": {"num_blocks": 4, "block_size": 2},
       "limits": {"max_n": 64}}),
-    (Snapshot(-1, {"num_blocks": 4, "blocks": []}, {}),
-     {"type": "snapshot", "seq": -1, "state": {"num_blocks": 4, "blocks": []}, "metrics": {}}),
+    (Snapshot(-1, PoolState(2, 4).to_snapshot(), {}),
+     {"type": "snapshot", "seq": -1, "state": PoolState(2, 4).to_snapshot().to_dict(), "metrics": {}}),
     (Step(_record(7)), {"type": "step", **_record(7).to_dict()}),
     (Steps("run-1", 5, [_record(6), _record(7)], True),
      {"type": "steps", "run_id": "run-1", "since": 5,

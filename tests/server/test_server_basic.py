@@ -6,6 +6,7 @@ import time
 import pytest
 
 from engine.client import KVScopeClient, ServerError
+from engine.events.types import PROTOCOL_VERSION
 from engine.store import RunStore
 from tests.server.conftest import Gate
 from tests.server.helpers import GREEDY, healthz, raw, recv_until, send
@@ -14,11 +15,11 @@ from tests.server.helpers import GREEDY, healthz, raw, recv_until, send
 def test_hello_snapshot_submit_stream_finished(make_server):
     server = make_server()
     with KVScopeClient(server.url, timeout=20) as c:
-        assert c.hello.protocol == 1 and c.run_id == server.health.run_id
+        assert c.hello.protocol == PROTOCOL_VERSION == 2 and c.run_id == server.health.run_id
         assert c.config["num_blocks"] == 64 and c.config["block_size"] == 4
         assert c.hello.limits["max_in_flight_per_connection"] == 64
         snap = c.initial_snapshot
-        assert snap.seq == -1 and snap.state["num_blocks"] == 64
+        assert snap.seq == -1 and snap.state.num_blocks == 64
         rid = c.submit("hello world", params=GREEDY, request_id="mine-1")
         assert rid == "mine-1"
         msgs = list(c.stream(rid))
@@ -64,10 +65,10 @@ def test_abort_restart_and_recording(make_server, db_path):
         inflight = a.submit("still running", params={"temperature": 0, "max_tokens": 50})
         hello = b.restart({"num_kv_blocks": 32, "enable_prefix_caching": False})
         assert hello.run_id != first_run and hello.config["num_blocks"] == 32
-        assert b.latest_snapshot.seq == -1 and b.latest_snapshot.state["num_blocks"] == 32
+        assert b.latest_snapshot.seq == -1 and b.latest_snapshot.state.num_blocks == 32
         fin = list(a.stream(inflight))[-1]
         assert fin.outputs[0]["finish_reason"] == "abort"
-        assert a.snapshot().state["num_blocks"] == 32 and a.hello.run_id == hello.run_id
+        assert a.snapshot().state.num_blocks == 32 and a.hello.run_id == hello.run_id
         assert a.generate("new engine", params=GREEDY).outputs[0]["finish_reason"] == "length"
     server.stop()
     runs = {r["id"]: r for r in RunStore(db_path).list_runs()}

@@ -84,4 +84,4 @@ def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path)
     assert set(reqs) == {short.request_id, rid}
     assert reqs[rid]["outputs"][0]["finish_reason"] == "abort"
     # the recording replays to the engine's final state: an empty pool
-    assert store.snapshot_at(run["id"])["requests"] == {}
+    assert store.snapshot_at(run["id"]).requests == {}
