@@ -12,7 +12,7 @@ Modules:
 - ``outbox``: a client's outgoing queue (bounded step messages, replies first).
 - ``hub``: the connections on the event-loop thread; ops → commands, deliveries → outboxes.
 - ``http``: ``/healthz``, ``/metrics`` and the auth/loading gate of the handshake.
-- ``prom``: the Prometheus registry (vLLM names).
+- ``prom``: the Prometheus registry (vLLM's names and labels); ``metrics``: its families.
 - ``security``: bind policy and token checks.
 - ``app``: ``KVScopeServer`` and ``ServerOptions``: assemble, run, shut down.
 - ``client``: ``KVScopeClient`` (synchronous); ``live``: ``LiveConnection`` (background thread).

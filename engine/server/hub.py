@@ -176,6 +176,7 @@ class Hub:
                     conn.outbox.clear_steps()  # all older than this snapshot
                     self._reply(conn, d.snapshot)
             elif isinstance(d, C.NewRun):
+                self.metrics.start_run(d.hello.config)
                 for conn in list(self.conns.values()):
                     if conn.attached:
                         self._rebase(conn, d.hello, d.snapshot)
@@ -183,7 +184,7 @@ class Hub:
                 raise TypeError(f"unknown delivery {d!r}")
 
     def _broadcast_step(self, d: C.StepOut) -> None:
-        self.metrics.observe_step(d.record.metrics)
+        self.metrics.observe_step(d.record)
         if not self.conns:
             return
         frame = P.step_frame(d.record.to_dict())
