@@ -15,7 +15,7 @@ from tests.store.helpers import wait_until
 
 def recorder_metrics(port):
     text = http_get(port, "/metrics")[1]
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+    return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
             if line.startswith("kvscope_recorder_")}
 
 
