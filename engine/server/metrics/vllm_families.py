@@ -25,7 +25,7 @@ dict, see ``engine.events.metrics``; ``first``/``finished`` are its ``first_toke
   token histograms (1-2-5 buckets up to ``max_model_len``) and the phase latencies. A
   phase the request never reached (e.g. aborted while waiting) is not observed;
   ``request_time_per_output_token`` is 0 below two tokens, as in vLLM.
-- ``time_to_first_token_seconds`` from ``first`` (``m["ttft_s"]`` in steps without it),
+- ``time_to_first_token_seconds`` from ``first`` (one observation per first token),
   ``inter_token_latency_seconds`` from ``m["itl_s"]``; ``iteration_tokens_total`` from
   ``m["num_batched_tokens"]`` of each step that ran tokens.
 - block residency from ``BlockTenure``s (``engine.events.block_residency``).
@@ -195,9 +195,8 @@ class VLLMFamilies:
         if m.get("num_batched_tokens"):
             self.iteration_tokens.observe(m["num_batched_tokens"])
         first = [FirstTokenStats.from_dict(d) for d in m.get("first_tokens") or ()]
-        # TTFT per first token; steps recorded before first_tokens existed carry only ttft_s
-        for v in ([f.ttft_s for f in first] if "first_tokens" in m else m.get("ttft_s") or ()):
-            self.ttft.observe(v)
+        for f in first:
+            self.ttft.observe(f.ttft_s)
         for v in m.get("itl_s") or ():
             self.itl.observe(v)
         for f in first:
