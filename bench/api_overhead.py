@@ -116,7 +116,7 @@ def _served(llm, workload, spec: Path, db: str) -> dict:
             f"http://127.0.0.1:{server.port}/reset_prefix_cache", method="POST"), timeout=30).read()
         cpu0, threads0 = time.process_time(), _thread_cpu()
         out = subprocess.run([sys.executable, "-m", "bench.api_overhead", "--client", server.http_url,
-                              "--served-model", engine.spec.name, "--spec", str(spec)],
+                              "--served-model", server.options.model_name, "--spec", str(spec)],
                              capture_output=True, text=True, check=True, timeout=3600,
                              cwd=Path(__file__).resolve().parents[1])
         cpu, threads = time.process_time() - cpu0, _delta(_thread_cpu(), threads0)

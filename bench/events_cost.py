@@ -28,7 +28,6 @@ measured this way has gaps, which is fine because nothing replays it).
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import tempfile
 import time
@@ -39,11 +38,9 @@ from bench.workloads import Workload
 
 
 def _encode_step(record) -> str:
-    try:
-        from engine.server.protocol import step_frame
-    except ImportError:  # the server is optional here; same JSON shape
-        return json.dumps({"type": "step", **record.to_dict()}, separators=(",", ":"))
-    return step_frame(record.to_dict())
+    from engine.protocol import Step, encode
+
+    return encode(Step(record))
 
 
 def _thread_cpu_seconds(native_id: int | None) -> float:

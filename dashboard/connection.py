@@ -2,7 +2,8 @@
 
 Resources are process-wide (``st.cache_resource``), so every browser tab shares
 one server child, one websocket connection (its background thread folds the
-steps) and one LiveFeed. If nothing answers at ``KVSCOPE_URL`` the dashboard
+steps) and one LiveFeed, which fills its gaps through that connection
+(``steps_since``), never from the database. If nothing answers at ``KVSCOPE_URL`` the dashboard
 starts ``python -m engine.cli serve`` itself (the model from ``KVSCOPE_MODEL``),
 and stops it when the dashboard exits.
 """
@@ -16,12 +17,13 @@ from typing import Any
 
 import streamlit as st
 
-from engine.server.live import LiveConnection
-from engine.server.security import TOKEN_ENV
+from engine.client import LiveConnection
+from engine.events.step import StepRecord
+from engine.protocol.handshake import TOKEN_ENV
 
-from dashboard import settings as S
 from dashboard.live_feed import LiveFeed
 from dashboard.server_process import ServerProcess, probe_health
+from dashboard.settings import Settings, load as load_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,7 @@ class _ManagedServer:
         self._lock = threading.Lock()
         self.proc: ServerProcess | None = None
 
-    def get_or_start(self, cfg: S.Settings) -> ServerProcess:
+    def get_or_start(self, cfg: Settings) -> ServerProcess:
         with self._lock:  # two tabs loading at once must not start two servers
             if self.proc is None:
                 self.proc = ServerProcess(cfg.host, cfg.port, cfg.model, cfg.serve_args)
@@ -70,13 +72,21 @@ def _connection(url: str, token: str | None) -> LiveConnection:
     return LiveConnection(url, token).start()
 
 
+STEPS_SINCE_TIMEOUT_S = 10.0  # a gap of the live run, read from the server's buffer or recording
+
+
+def _steps_since(run_id: str, seq: int, until: int) -> list[StepRecord]:
+    # Resolved per call: the connection may have been released and made anew.
+    return connection().steps_since(seq, run_id, until=until, timeout=STEPS_SINCE_TIMEOUT_S)
+
+
 @st.cache_resource(show_spinner=False)
 def _feed(url: str) -> LiveFeed:
-    return LiveFeed()
+    return LiveFeed(_steps_since)
 
 
-def settings() -> S.Settings:
-    return S.load()
+def settings() -> Settings:
+    return load_settings()
 
 
 def server_status() -> ServerStatus:

@@ -11,12 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events import baseline as B
+from engine.events import baseline
+from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.pool_summary import PoolSummary
 
 VARIANT_LABELS = {
     "paged": "paged (this engine)",
-    B.Reservation.MAX_MODEL_LEN.value: "contiguous, reserve max_model_len",
-    B.Reservation.PROMPT_PLUS_MAX_TOKENS.value: "contiguous, reserve prompt + max_tokens",
+    baseline.Reservation.MAX_MODEL_LEN.value: "contiguous, reserve max_model_len",
+    baseline.Reservation.PROMPT_PLUS_MAX_TOKENS.value: "contiguous, reserve prompt + max_tokens",
 }
 
 
@@ -25,10 +27,10 @@ class Baselines:
     """Both contiguous variants of one run, plus the paged rows on the same scale."""
 
     capacity: int
-    results: dict[str, B.BaselineResult]  # variant value → simulation
-    paged: list[B.BaselineStep]
+    results: dict[str, baseline.BaselineResult]  # variant value → simulation
+    paged: list[baseline.BaselineStep]
 
-    def row_at(self, variant: str, step: int) -> B.BaselineStep | None:
+    def row_at(self, variant: str, step: int) -> baseline.BaselineStep | None:
         """The variant's row for ``step`` (the latest at or before it)."""
         rows = self.paged if variant == "paged" else self.results[variant].steps
         best = None
@@ -39,34 +41,38 @@ class Baselines:
         return best
 
     def summaries(self) -> dict[str, dict[str, Any]]:
-        out = {"paged": {**B.summarize(self.paged, self.capacity), "variant": "paged",
+        out = {"paged": {**baseline.summarize(self.paged, self.capacity), "variant": "paged",
                          "capacity": self.capacity, "num_rejected": 0}}
         for v, res in self.results.items():
             out[v] = res.summary()
         return out
 
 
+def summary_from_metrics(m: dict[str, Any], num_blocks: int,
+                         block_size: int) -> PoolSummary | None:
+    """The PoolSummary a step's metrics dict was made from (None: not a pool step)."""
+    used_blocks = m.get("num_used_blocks")
+    if used_blocks is None or m.get("step") is None:
+        return None
+    filled = m.get("num_filled_slots")
+    if filled is None:  # recorded before the metrics carried it
+        filled = round((m.get("kv_token_usage") or 0.0) * num_blocks * block_size)
+    return PoolSummary(
+        step=int(m["step"]), block_size=block_size, num_blocks=num_blocks,
+        num_used_blocks=int(used_blocks), num_filled_slots=int(filled),
+        num_shared_blocks=int(m.get("num_shared_blocks", 0)),
+        num_cached_free_blocks=int(m.get("num_cached_free_blocks", 0)),
+        num_requests_waiting=int(m.get("num_requests_waiting", 0)),
+        num_requests_running=int(m.get("num_requests_running", 0)),
+        num_requests_preempted=int(m.get("num_requests_preempted", 0)))
+
+
 def paged_rows(history: Sequence[dict[str, Any]], num_blocks: int,
-               block_size: int) -> list[B.BaselineStep]:
-    """The paged run's rows from its metrics (same definitions as ``baseline.paged_steps``:
-    reserved = slots of referenced blocks, used = their filled slots), without a replay."""
-    cap = num_blocks * block_size
-    rows = []
-    for m in history:
-        used_blocks = m.get("num_used_blocks")
-        if used_blocks is None or m.get("step") is None:
-            continue
-        reserved = used_blocks * block_size
-        used = round((m.get("kv_token_usage") or 0.0) * cap)
-        free = cap - reserved
-        rows.append(B.BaselineStep(
-            step=int(m["step"]), num_running=int(m.get("num_requests_running", 0)),
-            num_waiting=int(m.get("num_requests_waiting", 0)) +
-            int(m.get("num_requests_preempted", 0)),
-            used_slots=used, reserved_slots=reserved, reserved_unused_slots=reserved - used,
-            free_slots=free, largest_free_run=free, external_fragmentation=0.0,
-            blocked_by_fragmentation=False, stranded_free_slots=0))
-    return rows
+               block_size: int) -> list[baseline.BaselineStep]:
+    """The paged run's rows from its metrics (``baseline.paged_step`` of each step's
+    pool summary, as ``baseline.paged_steps`` does after a replay), without a replay."""
+    summaries = (summary_from_metrics(m, num_blocks, block_size) for m in history)
+    return [baseline.paged_step(s) for s in summaries if s is not None]
 
 
 def baselines(records: Sequence[Any], history: Sequence[dict[str, Any]], num_blocks: int,
@@ -74,35 +80,31 @@ def baselines(records: Sequence[Any], history: Sequence[dict[str, Any]], num_blo
               max_tokens: Mapping[str, int | None] | None = None) -> Baselines:
     """Simulate both contiguous variants over the run's arrivals (StepRecords)."""
     cap = num_blocks * block_size
-    trace = B.trace_from_records(records, max_tokens)
-    results = {v.value: B.simulate(trace, B.BaselineConfig(cap, max_model_len, v))
-               for v in B.Reservation}
+    trace = baseline.trace_from_records(records, max_tokens)
+    results = {v.value: baseline.simulate(trace, baseline.BaselineConfig(cap, max_model_len, v))
+               for v in baseline.Reservation}
     return Baselines(cap, results, paged_rows(history, num_blocks, block_size))
 
 
-def split_now(snapshot: dict[str, Any], base: Baselines | None) -> list[dict[str, Any]]:
+def split_now(snapshot: PoolSnapshot, base: Baselines | None) -> list[dict[str, Any]]:
     """Token-slot split of the pool at the snapshot's step, paged and contiguous.
 
     Each row: variant label, slots per category (palette.MEMORY_COLORS keys),
     running and waiting requests."""
-    bs, n = snapshot["block_size"], snapshot["num_blocks"]
-    filled = internal = cached = 0
-    for b in snapshot["blocks"]:
-        if b["ref_count"] > 0:
-            filled += b["num_tokens"]
-            internal += bs - b["num_tokens"]
-        elif b["hash"] is not None:
-            cached += bs
-    statuses = [r["status"] for r in snapshot["requests"].values()]
+    bs, n = snapshot.block_size, snapshot.num_blocks
+    pool = snapshot.summary()
+    filled = pool.num_filled_slots
+    internal = pool.num_used_blocks * bs - filled
+    cached = pool.num_cached_free_blocks * bs
     rows = [{"variant": VARIANT_LABELS["paged"], "filled": filled,
              "internal fragmentation": internal, "cached": cached,
              "free": n * bs - filled - internal - cached,
-             "running": statuses.count("running"),
-             "waiting": len(statuses) - statuses.count("running")}]
+             "running": pool.num_requests_running,
+             "waiting": pool.num_requests_waiting + pool.num_requests_preempted}]
     if base is None:
         return rows
-    for v in (B.Reservation.MAX_MODEL_LEN.value, B.Reservation.PROMPT_PLUS_MAX_TOKENS.value):
-        r = base.row_at(v, snapshot["step"])
+    for v in (baseline.Reservation.MAX_MODEL_LEN.value, baseline.Reservation.PROMPT_PLUS_MAX_TOKENS.value):
+        r = base.row_at(v, snapshot.step)
         if r is None:
             continue
         rows.append({"variant": VARIANT_LABELS[v], "filled": r.used_slots,

@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from engine.events import types as T
+from engine.events.types import (
+    BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, Event, EvictionReason,
+    PrefixHit, PrefixLookup, RequestArrived, RequestFinished, RequestForked, RequestProgress,
+    RequestScheduled,
+)
 
 _WHAT = {
     "block_allocated": "allocated",
@@ -25,39 +29,48 @@ _WHAT = {
 }
 
 
-def _detail(e: T.Event) -> tuple[str, str]:
+_EVICTION_WHY = {EvictionReason.REUSE: "reused (LRU eviction)",
+                 EvictionReason.RESET: "prefix cache reset",
+                 EvictionReason.ROLLBACK: "withdrawn: the step's forward failed"}
+
+
+def _detail(e: Event) -> tuple[str, str]:
     """(blocks, detail) columns for one event."""
     t = type(e)
-    if t is T.BlockAllocated:
+    if t is BlockAllocated:
         return str(e.block), f"logical index {e.logical_index}"
-    if t is T.BlockFreed:
+    if t is BlockFreed:
         return str(e.block), f"ref count now {e.ref_count}"
-    if t in (T.BlockCached, T.BlockEvicted):
+    if t is BlockCached:
         return str(e.block), f"hash {e.hash[:12]}"
-    if t is T.PrefixHit:
+    if t is BlockEvicted:
+        return str(e.block), f"hash {e.hash[:12]}; {_EVICTION_WHY[e.reason]}"
+    if t is PrefixHit:
         return ", ".join(map(str, e.blocks)), f"{e.num_tokens} tokens reused"
-    if t is T.PrefixLookup:
+    if t is PrefixLookup:
         causes = ", ".join(f"{c} {getattr(e, 'miss_' + c)}" for c in
                            ("cold", "evicted", "partial", "disabled") if getattr(e, "miss_" + c))
-        return "", (f"{e.num_hit_tokens}/{e.num_query_tokens} tokens hit"
+        return "", (("resumed after preemption: " if e.resumed else "")
+                    + f"{e.num_hit_tokens}/{e.num_query_tokens} tokens hit"
                     + (f"; misses: {causes}" if causes else ""))
-    if t is T.CowCopy:
-        return f"{e.src} → {e.dst}", f"logical index {e.logical_index}"
-    if t is T.RequestArrived:
+    if t is CowCopy:
+        return f"{e.src} → {e.dst}", (f"logical index {e.logical_index}; "
+                                      f"src ref count now {e.src_ref_count}")
+    if t is RequestArrived:
         return "", f"{e.num_prompt_tokens} prompt tokens"
-    if t is T.RequestForked:
+    if t is RequestForked:
         return ", ".join(map(str, e.blocks)), f"fork of {e.parent_id}"
-    if t is T.RequestScheduled:
+    if t is RequestScheduled:
         return "", f"{e.num_tokens} {e.phase} tokens from position {e.num_computed_tokens}"
-    if t is T.RequestProgress:
+    if t is RequestProgress:
         return "", (f"+{len(e.new_token_ids)} token(s) {list(e.new_token_ids)[:4]}; "
                     f"{e.num_computed_tokens}/{e.num_tokens} computed")
-    if t is T.RequestFinished:
+    if t is RequestFinished:
         return "", f"reason: {e.reason}"
     return "", ""
 
 
-def event_rows(events: Iterable[T.Event]) -> list[dict[str, Any]]:
+def event_rows(events: Iterable[Event]) -> list[dict[str, Any]]:
     """One row per event, in the order the engine emitted them."""
     rows = []
     for i, e in enumerate(events):
@@ -68,7 +81,7 @@ def event_rows(events: Iterable[T.Event]) -> list[dict[str, Any]]:
     return rows
 
 
-def step_summary(events: Iterable[T.Event]) -> str:
+def step_summary(events: Iterable[Event]) -> str:
     """'3 allocated · 1 cached · …' for the grid caption."""
     counts: dict[str, int] = {}
     for e in events:

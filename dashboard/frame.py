@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.types import Event
 
 
@@ -25,7 +26,7 @@ class RunFrame:
 
     source: str  # "live" | "replay"
     key: str
-    snapshot: dict[str, Any]
+    snapshot: PoolSnapshot
     events: Sequence[Event]
     history: Sequence[dict[str, Any]]
     config: dict[str, Any]
@@ -35,7 +36,7 @@ class RunFrame:
 
     @property
     def step(self) -> int:
-        return int(self.snapshot.get("step", 0))
+        return self.snapshot.step
 
     @property
     def max_model_len(self) -> int:
@@ -43,4 +44,4 @@ class RunFrame:
         v = self.config.get("max_model_len")
         if isinstance(v, int) and v > 0:
             return v
-        return self.snapshot["num_blocks"] * self.snapshot["block_size"]
+        return self.snapshot.num_blocks * self.snapshot.block_size

@@ -24,20 +24,20 @@ import plotly.graph_objects as go
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
+from engine.events.pool_snapshot import BlockState, PoolSnapshot
 from engine.store.db import is_uri, resolve_db_path
 from lessons import LESSONS
 
-from dashboard import palette as P
+from dashboard import palette
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_ENV = "KVSCOPE_LESSON_MODEL"  # tests point this at a tiny model
 RUN_TIMEOUT_S = 600  # the slowest lesson takes under a minute on a CPU; leave ample room
 # block states, as in the text view: in use, shared (ref > 1), free but cached, free;
 # colours from the dashboard's one palette, so a state looks the same on every page
-STATE_COLORS = {"in use": P.BLOCK_COLORS[P.USED], "shared": P.BLOCK_COLORS[P.SHARED],
-                "cached": P.BLOCK_COLORS[P.CACHED], "free": P.BLOCK_COLORS[P.FREE]}
-STATE_LABELS = {"in use": "in use", "shared": "shared (ref > 1)",
-                "cached": "free, cached (hittable)", "free": "free"}
+STATE_ORDER = (BlockState.USED, BlockState.SHARED, BlockState.CACHED, BlockState.FREE)
+STATE_LABELS = {BlockState.USED: "in use", BlockState.SHARED: "shared (ref > 1)",
+                BlockState.CACHED: "free, cached (hittable)", BlockState.FREE: "free"}
 
 
 def default_model() -> str:
@@ -85,37 +85,29 @@ def chart_figure(spec: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def _block_state(b: dict[str, Any]) -> str:
-    if b["ref_count"] > 1:
-        return "shared"
-    if b["ref_count"] == 1:
-        return "in use"
-    return "cached" if b["hash"] is not None else "free"
-
-
-def pool_figure(snapshot: dict[str, Any]) -> go.Figure:
-    """The pool as a grid of blocks, coloured by state, with owners on hover."""
-    owners: dict[int, list[str]] = {}
-    for rid, r in snapshot["requests"].items():
-        for i, b in enumerate(r["block_table"]):
-            owners.setdefault(b, []).append(f"{rid}[{i}]")
-    blocks = snapshot["blocks"]
+def pool_figure(snapshot: PoolSnapshot | dict[str, Any]) -> go.Figure:
+    """The pool as a grid of blocks, coloured by state, with owners on hover (the
+    lesson document carries the snapshot's JSON form)."""
+    if isinstance(snapshot, dict):
+        snapshot = PoolSnapshot.from_dict(snapshot)
+    owners = {b: [f"{rid}[{i}]" for rid, i in own] for b, own in snapshot.owners().items()}
+    blocks = snapshot.blocks
     cols = 16 if len(blocks) <= 64 else 32
-    names = list(STATE_COLORS)
     fig = go.Figure()
-    for state in names:  # one trace per state gives a legend for free
-        mine = [b for b in blocks if _block_state(b) == state]
+    for state in STATE_ORDER:  # one trace per state gives a legend for free
+        mine = [b for b in blocks if b.state is state]
         fig.add_scatter(
-            x=[b["id"] % cols for b in mine], y=[b["id"] // cols for b in mine],
-            mode="markers+text", name=STATE_LABELS[state], text=[str(b["id"]) for b in mine],
-            textfont=dict(size=9, color="white" if state in ("in use", "shared") else "#555"),
-            marker=dict(symbol="square", size=26, color=STATE_COLORS[state]),
-            hovertext=[f"block {b['id']} | ref {b['ref_count']} | {b['num_tokens']} tokens | "
-                       f"{', '.join(owners.get(b['id'], [])) or 'no owner'}" for b in mine],
+            x=[b.id % cols for b in mine], y=[b.id // cols for b in mine],
+            mode="markers+text", name=STATE_LABELS[state], text=[str(b.id) for b in mine],
+            textfont=dict(size=9, color="white" if state in (BlockState.USED, BlockState.SHARED)
+                          else "#555"),
+            marker=dict(symbol="square", size=26, color=palette.BLOCK_COLORS[state]),
+            hovertext=[f"block {b.id} | ref {b.ref_count} | {b.num_tokens} tokens | "
+                       f"{', '.join(owners.get(b.id, [])) or 'no owner'}" for b in mine],
             hoverinfo="text")
     rows = -(-len(blocks) // cols)
-    fig.update_layout(title=f"The pool after step {snapshot['step']} "
-                      f"({snapshot['num_blocks']} blocks x {snapshot['block_size']} slots)",
+    fig.update_layout(title=f"The pool after step {snapshot.step} "
+                      f"({snapshot.num_blocks} blocks x {snapshot.block_size} slots)",
                       height=120 + 32 * rows, margin=dict(l=20, r=20, t=50, b=20),
                       legend=dict(orientation="h", y=-0.1),
                       xaxis=dict(visible=False), yaxis=dict(visible=False, autorange="reversed"))

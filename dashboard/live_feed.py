@@ -1,41 +1,46 @@
 """LiveFeed: turns the websocket client's view into RunFrames for the Live page.
 
-``LiveConnection`` (engine.server.live) folds steps into the pool state on its own
+``LiveConnection`` (engine.client.live) folds steps into the pool state on its own
 thread but keeps only a bounded window of recent steps. The Live page also wants
 the whole run (latency distributions, the contiguous baseline), so the feed keeps
 every StepRecord of the current run, filling any gap (steps that scrolled out of
-the client's window between two polls) from the run's SQLite recording.
+the client's window between two polls) by asking the server (``steps_since``:
+its step buffer, or its recording for older steps). The dashboard never reads
+the recording's tables itself.
 
 Writer: ``poll`` (under ``_lock``); shared by all sessions via st.cache_resource.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
+from collections.abc import Callable
 from typing import Any
 
+from engine.client import ServerError
 from engine.events.step import StepRecord
-from engine.store import db as dbm
-from engine.store.runs import RunStore
 
 from dashboard.frame import RunFrame
 from dashboard.token_text import token_text_for
 
 MAX_RECORDS = 50_000  # ~hours of steps; beyond, the oldest go (charts window anyway)
 
+# (run_id, after_seq, until_seq) -> the run's steps after ``after_seq`` the server has;
+# it may stop once it reached ``until_seq``. LiveConnection.steps_since in the app.
+StepsSince = Callable[[str, int, int], list[StepRecord]]
+
 
 class LiveFeed:
     """Accumulates the live run's steps; ``frame(view)`` builds what Live draws."""
 
-    def __init__(self, store: RunStore | None = None) -> None:
+    def __init__(self, steps_since: StepsSince | None = None) -> None:
         self._lock = threading.Lock()
-        self._store = store or RunStore()
+        self._steps_since = steps_since
         self.run_id: str | None = None
         self.records: list[StepRecord] = []
         self.last_seq = -1
         self.max_tokens: dict[str, int | None] = {}  # params of requests sent from here
-        self.missing_steps = 0  # steps lost for good (neither in the window nor stored)
+        self.missing_steps = 0  # steps lost for good (neither in the window nor on the server)
 
     def note_submission(self, request_id: str, params: dict[str, Any]) -> None:
         """Remember a request's max_tokens (the contiguous baseline reserves by it)."""
@@ -47,35 +52,27 @@ class LiveFeed:
         with self._lock:
             if view.run_id != self.run_id:
                 self.run_id, self.records, self.last_seq = view.run_id, [], -1
-            fresh = sorted((s for s in view.recent_steps if s["seq"] > self.last_seq),
-                           key=lambda s: s["seq"])
-            if fresh and fresh[0]["seq"] > self.last_seq + 1:
-                self._fill_gap(fresh[0]["seq"])
-            for s in fresh:
-                try:
-                    self.records.append(StepRecord.from_dict(s))
-                except (KeyError, ValueError):
-                    continue  # a malformed step message: skip it, the state still folds
-                self.last_seq = s["seq"]
+            fresh = sorted((r for r in view.recent_steps if r.seq > self.last_seq),
+                           key=lambda r: r.seq)
+            if fresh and fresh[0].seq > self.last_seq + 1:
+                self._fill_gap(fresh[0].seq)
+            for r in fresh:
+                self.records.append(r)
+                self.last_seq = r.seq
             if len(self.records) > MAX_RECORDS:
                 del self.records[:len(self.records) - MAX_RECORDS]
             return list(self.records)
 
     def _fill_gap(self, next_seq: int) -> None:
-        """Load the steps between ``last_seq`` and ``next_seq`` from the recording."""
+        """Fetch the steps between ``last_seq`` and ``next_seq`` from the server."""
         want = range(self.last_seq + 1, next_seq)
         got: list[StepRecord] = []
-        if self.run_id is not None:
+        if self.run_id is not None and self._steps_since is not None:
             try:
-                with self._store.db() as d:  # only the missing rows, not the whole run
-                    rows = list(d["steps"].rows_where(
-                        "run_id = ? and seq >= ? and seq < ?", [self.run_id, want.start,
-                                                                 want.stop], order_by="seq"))
-                got = [StepRecord.from_dict({**r, "events": dbm.loads(r["events"], []),
-                                             "metrics": dbm.loads(r["metrics"], {})})
-                       for r in rows]
-            except (OSError, ValueError, sqlite3.Error):
-                got = []  # the recording is optional for the live view
+                got = [r for r in self._steps_since(self.run_id, self.last_seq, next_seq - 1)
+                       if r.seq in want]
+            except (ServerError, TimeoutError, OSError):
+                got = []  # the server cannot say: those steps are lost for this view
         self.missing_steps += len(want) - len(got)
         self.records.extend(got)
         if got:

@@ -11,10 +11,10 @@ MAX_SHOWN = 12  # newest requests; older ones are in Replay
 
 def _status(p) -> str:
     if p.error is not None:
-        return f":material/error: {p.error.get('code')}: {p.error.get('message')}"
+        return f":material/error: {p.error.code}: {p.error.message}"
     if p.finished is not None:
-        m = p.finished.get("metrics") or {}
-        reasons = ", ".join(str(o.get("finish_reason")) for o in p.finished.get("outputs", []))
+        m = p.finished.metrics
+        reasons = ", ".join(str(o.get("finish_reason")) for o in p.finished.outputs)
         ttft = m.get("ttft")
         return (f":material/check_circle: finished ({reasons}) · "
                 f"{m.get('num_prompt_tokens', '?')} prompt tokens, "

@@ -1,15 +1,19 @@
 """One palette for every page, so a colour means the same thing everywhere.
 
-Block states follow ``engine.events.render.block_char``: free (ref 0, no hash),
-free-but-cached (ref 0 with a hash: hittable, evicted LRU), in use (ref 1),
-shared (ref > 1). Things that relate share a hue on purpose: a prefix hit reuses
-cached blocks (teal), a copy-on-write copy un-shares a shared block (violet).
+Block states are ``engine.events.pool_snapshot.BlockState`` (one rule for every
+view): free (ref 0, no hash), free-but-cached (ref 0 with a hash: hittable,
+evicted LRU), in use (ref 1), shared (ref > 1). Things that relate share a hue on
+purpose: a prefix hit reuses cached blocks (teal), a copy-on-write copy un-shares
+a shared block (violet).
 """
 
 from __future__ import annotations
 
+from engine.events.pool_snapshot import BlockState
+
 # ---- block states (grid, block tables, legends) -----------------------------
-FREE, CACHED, USED, SHARED = "free", "cached", "in use", "shared"
+FREE, CACHED, USED, SHARED = (BlockState.FREE, BlockState.CACHED, BlockState.USED,
+                              BlockState.SHARED)
 BLOCK_STATES = (FREE, CACHED, USED, SHARED)  # code = index (heatmap z)
 BLOCK_COLORS = {
     FREE: "#E5E7EB",    # light grey: empty slot memory, nothing worth keeping
@@ -46,6 +50,9 @@ MISS_COLORS = {
     "partial": "#FACC15",   # yellow: shorter than a full block, never hashable
     "disabled": "#475569",  # dark slate: prefix caching is off
 }
+# a resumed (preempted) request's lookup: counted apart from first admissions
+RESUMED_HIT = "#99F6E4"         # pale teal: re-found in the cache after preemption
+RECOMPUTED = "#FCA5A5"          # pale red: recomputed after preemption
 
 # ---- memory split (paged vs contiguous) ----------------------------------------
 MEMORY_COLORS = {

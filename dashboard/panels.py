@@ -12,13 +12,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import contiguous as C
+from dashboard import contiguous
 from dashboard.blocks import grid_data
 from dashboard.event_log import event_rows, step_summary
-from dashboard.figures import fragmentation as FR
+from dashboard.figures import fragmentation
 from dashboard.figures.grid import grid_figure
 from dashboard.figures.latency import latency_figure
-from dashboard.figures.prefix import hit_rate_figure, misses_figure
+from dashboard.figures.prefix import hit_rate_figure, misses_figure, resumed_caption
 from dashboard.figures.scheduler import budget_figure, queues_figure
 from dashboard.figures.tables import tables_figure
 from dashboard.figures.timeline import events_figure
@@ -39,12 +39,11 @@ def kpis(frame: RunFrame) -> None:
     """One row of headline numbers for the shown step."""
     m = latest(frame.history)
     snap = frame.snapshot
-    used = sum(1 for b in snap["blocks"] if b["ref_count"] > 0)
-    statuses = [r["status"] for r in snap["requests"].values()]
+    pool = snap.summary()
     cols = st.columns(8)
     # short labels so eight fit one row at 1280 px; the help says what each one is
     cols[0].metric("step", frame.step, help="engine step shown")
-    cols[1].metric("blocks used", f"{used}/{snap['num_blocks']}",
+    cols[1].metric("blocks used", f"{pool.num_used_blocks}/{snap.num_blocks}",
                    help="kv_cache_usage: blocks with ref count > 0 / all blocks")
     cols[2].metric("slots filled", _pct(m.get("kv_token_usage")),
                    help="kv_token_usage: filled token slots / all token slots")
@@ -52,9 +51,10 @@ def kpis(frame: RunFrame) -> None:
                    help="internal fragmentation: empty slots of referenced blocks "
                         "(partial last blocks) / their slots")
     cols[4].metric("hit rate", _pct(m.get("prefix_cache_hit_rate")),
-                   help="prefix cache: prompt tokens found cached / looked up (this run)")
-    cols[5].metric("run · wait", f"{statuses.count('running')} · "
-                   f"{len(statuses) - statuses.count('running')}",
+                   help="prefix cache: prompt tokens found cached / looked up at first "
+                        "admission (this run; lookups after a preemption are counted apart)")
+    cols[5].metric("run · wait", f"{pool.num_requests_running} · "
+                   f"{pool.num_requests_waiting + pool.num_requests_preempted}",
                    help="requests running · waiting (incl. preempted)")
     cols[6].metric("evict · CoW", f"{m.get('num_evictions', 0)} · {m.get('cow_copies', 0)}",
                    help="cached blocks evicted for reuse (LRU) · copy-on-write copies, this run")
@@ -63,7 +63,7 @@ def kpis(frame: RunFrame) -> None:
                    help="output tokens per second over the last 10 s")
 
 
-def _baselines(frame: RunFrame, max_age_s: float) -> C.Baselines | None:
+def _baselines(frame: RunFrame, max_age_s: float) -> contiguous.Baselines | None:
     """Contiguous what-if for the frame's run, cached per run; recomputed when the run
     grew and the cached one is older than ``max_age_s`` (live) — replay passes inf."""
     if not frame.records:
@@ -73,8 +73,8 @@ def _baselines(frame: RunFrame, max_age_s: float) -> C.Baselines | None:
     n = len(frame.records)
     if hit and hit["key"] == frame.key and (hit["n"] == n or time.time() - hit["t"] < max_age_s):
         return hit["value"]
-    cfg_bs, cfg_nb = frame.snapshot["block_size"], frame.snapshot["num_blocks"]
-    value = C.baselines(frame.records, frame.history, cfg_nb, cfg_bs, frame.max_model_len,
+    cfg_bs, cfg_nb = frame.snapshot.block_size, frame.snapshot.num_blocks
+    value = contiguous.baselines(frame.records, frame.history, cfg_nb, cfg_bs, frame.max_model_len,
                         frame.max_tokens)
     cache[frame.source] = {"key": frame.key, "n": n, "t": time.time(), "value": value}
     return value
@@ -83,19 +83,19 @@ def _baselines(frame: RunFrame, max_age_s: float) -> C.Baselines | None:
 def _fragmentation(frame: RunFrame, df: pd.DataFrame, marker: int | None) -> None:
     base = _baselines(frame, max_age_s=3.0 if frame.source == "live" else float("inf"))
     snap = frame.snapshot
-    cap = snap["num_blocks"] * snap["block_size"]
-    st.plotly_chart(FR.split_figure(C.split_now(snap, base), cap, frame.step),
+    cap = snap.num_blocks * snap.block_size
+    st.plotly_chart(fragmentation.split_figure(contiguous.split_now(snap, base), cap, frame.step),
                     config=PLOT_CONFIG, key=f"{frame.source}_split")
     left, right = st.columns(2)
-    left.plotly_chart(FR.usage_figure(df, marker), config=PLOT_CONFIG,
+    left.plotly_chart(fragmentation.usage_figure(df, marker), config=PLOT_CONFIG,
                       key=f"{frame.source}_usage")
-    right.plotly_chart(FR.concurrency_figure(base, marker), config=PLOT_CONFIG,
+    right.plotly_chart(fragmentation.concurrency_figure(base, marker), config=PLOT_CONFIG,
                        key=f"{frame.source}_concurrency")
     if base is not None:
         st.caption(f"Whole run, same arrivals on {cap} token slots (max_model_len "
                    f"{frame.max_model_len}). Contiguous allocators reserve a region per "
                    "request up front; paging reserves one block at a time.")
-        st.dataframe(pd.DataFrame(C.summary_table(base)), hide_index=True,
+        st.dataframe(pd.DataFrame(contiguous.summary_table(base)), hide_index=True,
                      width="stretch")
     else:
         st.caption("The run-level contiguous comparison needs the run's events; "
@@ -113,7 +113,7 @@ def render_tabs(frame: RunFrame, df: pd.DataFrame, marker: int | None = None) ->
 
     with panels["Block tables"]:
         if is_open("Block tables"):
-            n = len(snap["requests"])
+            n = len(snap.requests)
             with st.container(height=min(560, 120 + 24 * max(n, 1))):
                 st.plotly_chart(tables_figure(snap), config=PLOT_CONFIG,
                                 key=f"{frame.source}_tables")
@@ -127,6 +127,7 @@ def render_tabs(frame: RunFrame, df: pd.DataFrame, marker: int | None = None) ->
                               key=f"{frame.source}_hits")
             right.plotly_chart(misses_figure(df), config=PLOT_CONFIG,
                                key=f"{frame.source}_misses")
+            st.caption(resumed_caption(latest(frame.history)))
     with panels["Evictions & copy-on-write"]:
         if is_open("Evictions & copy-on-write"):
             st.plotly_chart(events_figure(df, marker), config=PLOT_CONFIG,

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from engine.server.client import ServerError
+from engine.client import ServerError
 
 from dashboard.presets import Submission, Workload
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+# The engine settings a stored run is described by (Replay) and compared on (Compare).
 CONFIG_KEYS = ("model", "block_size", "num_blocks", "max_model_len", "max_num_batched_tokens",
                "max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill")
 

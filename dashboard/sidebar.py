@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import palette as P
+from dashboard import palette
 from dashboard.connection import connection, server_status, settings
 
 STATUS_REFRESH_S = 2.0  # the sidebar only needs to notice loading → ready, not every step
@@ -15,9 +15,9 @@ def legend_html() -> str:
     row = ("<div style='display:flex;align-items:center;gap:6px;margin:2px 0'>"
            "<span style='width:14px;height:14px;{style};display:inline-block'></span>"
            "<span style='font-size:0.85rem'>{label}</span></div>")
-    items = "".join(row.format(style=f"background:{P.BLOCK_COLORS[s]};border:1px solid #64748B",
-                               label=P.BLOCK_LABELS[s]) for s in P.BLOCK_STATES)
-    return items + row.format(style=f"border:2px solid {P.CHANGED}",
+    items = "".join(row.format(style=f"background:{palette.BLOCK_COLORS[s]};border:1px solid #64748B",
+                               label=palette.BLOCK_LABELS[s]) for s in palette.BLOCK_STATES)
+    return items + row.format(style=f"border:2px solid {palette.CHANGED}",
                               label="changed in the last step")
 
 

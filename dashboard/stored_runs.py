@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from engine.events import types as T
+from engine.events.types import BlockEvicted, CowCopy, RequestPreempted
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
 from engine.store.runs import RunStore
@@ -25,9 +25,9 @@ from dashboard.token_text import token_text_for
 CHECKPOINT_EVERY = 32  # folds at most 32 steps per frame; a checkpoint costs one PoolState copy
 
 JUMPS = {  # "jump to next …" targets: event type that marks a step
-    "eviction": T.BlockEvicted,
-    "preemption": T.RequestPreempted,
-    "CoW copy": T.CowCopy,  # copy-on-write
+    "eviction": BlockEvicted,
+    "preemption": RequestPreempted,
+    "CoW copy": CowCopy,  # copy-on-write
 }
 
 
@@ -77,9 +77,10 @@ class StoredRun:
 
     def frame(self, index: int) -> RunFrame:
         """The RunFrame after step ``records[index]`` (history up to it)."""
-        snap = self.state_after(index).to_snapshot()
+        state = self.state_after(index)
         rec = self.records[index]
-        snap["step"] = rec.step
+        state.step = rec.step
+        snap = state.to_snapshot()
         return RunFrame(source="replay", key=self.run["id"], snapshot=snap, events=rec.events,
                         history=[r.metrics for r in self.records[:index + 1]],
                         config=self.config, records=self.records,

@@ -7,6 +7,7 @@ happen only inside the command that needs them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -32,10 +33,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    keys = ("model", "block_size", "num_kv_blocks", "kv_cache_memory", "gpu_memory_utilization",
-            "max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
-            "enable_chunked_prefill", "device", "dtype", "attention_backend", "seed")
-    return {k: getattr(args, k) for k in keys}
+    """The EngineConfig fields the parsed arguments set (``add_engine_args`` names each
+    option after its field, so the config's own field list is the one key list)."""
+    from engine.config import EngineConfig
+
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+            if hasattr(args, f.name)}
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -76,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module, fn in (("engine.store.commands", "add_store_subcommands"),
                        ("engine.server.commands", "add_server_subcommands"),
+                       ("engine.client.commands", "add_client_subcommands"),
                        ("lessons.commands", "add_lesson_subcommands"),
                        ("bench.commands", "add_bench_subcommands")):
         try:

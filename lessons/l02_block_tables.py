@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.events import types as T
+from engine.events.types import BlockAllocated, RequestProgress, RequestScheduled
 
 from lessons.base import Answer, Lesson, LessonResult, Question, lines, table
 from lessons.scenario import Req, greedy
@@ -54,10 +54,10 @@ def run(ctx) -> LessonResult:
             rows.append([step, a.num_computed_tokens if a else "-", _fmt(now.get("A", [])),
                          _fmt(now.get("B", []))])
         prev = now
-    first = t.first_step(T.RequestScheduled, lambda e: e.request_id == "A")
-    after_prefill = sum(1 for e in t.events(T.BlockAllocated) if e.request_id == "A" and e.step == first)
-    third = t.first_step(T.BlockAllocated, lambda e: e.request_id == "A" and e.logical_index == 2)
-    computed_at_third = next(e.num_computed_tokens for e in t.events(T.RequestProgress)
+    first = t.first_step(RequestScheduled, lambda e: e.request_id == "A")
+    after_prefill = sum(1 for e in t.events(BlockAllocated) if e.request_id == "A" and e.step == first)
+    third = t.first_step(BlockAllocated, lambda e: e.request_id == "A" and e.logical_index == 2)
+    computed_at_third = next(e.num_computed_tokens for e in t.events(RequestProgress)
                              if e.request_id == "A" and e.step == third)
     contiguous = all(b2 == b1 + 1 for b1, b2 in zip(longest, longest[1:]))
     q = {x.key: x for x in QUESTIONS}

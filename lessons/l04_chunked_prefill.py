@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.events import types as T
+from engine.events.types import RequestScheduled
 
 from lessons.base import (
     Answer, Lesson, LessonResult, Question, bars, lines, lower_same_higher, ms,
@@ -58,7 +58,7 @@ def run(ctx) -> LessonResult:
     l_plain, l_chunk = ttft["no chunking"]["long"], ttft["chunked prefill"]["long"]
     step_plain = plain.first_token_step("short0")
     step_chunk = chunked.first_token_step("short0")
-    long_steps = sum(1 for e in chunked.events(T.RequestScheduled)
+    long_steps = sum(1 for e in chunked.events(RequestScheduled)
                      if e.request_id == "long" and e.phase == "prefill")
     answers = {
         "short_ttft": Answer(

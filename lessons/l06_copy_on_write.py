@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.core import SamplingParams
-from engine.events import types as T
+from engine.events.types import CowCopy, RequestFinished
 
 from lessons.base import Answer, Lesson, LessonResult, Question, bars, lines
 from lessons.scenario import Req
@@ -45,11 +45,11 @@ def run(ctx) -> LessonResult:
                   [Req(f"poem{i}", prompt, _sampled(7 + i)) for i in range(N)], **common)
     peak = {"fork": fork.peak("num_used_blocks"), "separate": sep.peak("num_used_blocks")}
     copies = fork.final("cow_copies", 0)
-    cow_step = fork.first_step(T.CowCopy)
+    cow_step = fork.first_step(CowCopy)
     # Blocks every sample still shares: ref count N just before the first sample finishes.
-    last_full = fork.first_step(T.RequestFinished) - 1
+    last_full = fork.first_step(RequestFinished) - 1
     snap = fork.snapshot_at(last_full)
-    shared_all = sorted(b["id"] for b in snap["blocks"] if b["ref_count"] == N)
+    shared_all = sorted(b.id for b in snap.blocks if b.ref_count == N)
     o = OPTIONS
     peak_opt = o[0] if peak["fork"] < peak["separate"] else o[1] if peak["fork"] == peak["separate"] else o[2]
     answers = {

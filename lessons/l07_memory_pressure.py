@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from engine.events import types as T
+from engine.events.types import (
+    BlockAllocated, BlockCached, BlockEvicted, RequestFinished, RequestPreempted,
+)
 
 from lessons.base import Answer, Lesson, LessonResult, Question, lines, table
 from lessons.scenario import Req, greedy
@@ -48,18 +50,18 @@ def run(ctx) -> LessonResult:
     big = ctx.run(f"{BIG}-block pool", work, num_kv_blocks=BIG, **common)
 
     # The finished request's cached blocks, by hash (a block id is reused by others later).
-    warm_table = {e.block: e.logical_index for e in small.events(T.BlockAllocated)
+    warm_table = {e.block: e.logical_index for e in small.events(BlockAllocated)
                   if e.request_id == "warm"}
-    done = small.first_step(T.RequestFinished, lambda e: e.request_id == "warm")
-    warm_hash = {e.hash: warm_table[e.block] for e in small.events(T.BlockCached)
+    done = small.first_step(RequestFinished, lambda e: e.request_id == "warm")
+    warm_hash = {e.hash: warm_table[e.block] for e in small.events(BlockCached)
                  if e.step <= done and e.block in warm_table}
-    evictions = small.events(T.BlockEvicted)
+    evictions = small.events(BlockEvicted)
     ev_order = [warm_hash[e.hash] for e in evictions if e.hash in warm_hash]
     first_ev = next(e for e in evictions if e.hash in warm_hash)
     idx, last = ev_order[0], max(warm_hash.values())
     evict_opt = EVICT[0] if idx == 0 else EVICT[2] if idx == last else EVICT[1]
 
-    pre = small.events(T.RequestPreempted)
+    pre = small.events(RequestPreempted)
     first_pre = pre[0]
     states = dict(small.states())
     before = states.get(first_pre.step - 1)
@@ -101,10 +103,10 @@ def run(ctx) -> LessonResult:
     events = []
     for r in small.records:
         for e in r.events:
-            if isinstance(e, T.BlockEvicted):
+            if isinstance(e, BlockEvicted):
                 who = f"(warm's logical block {warm_hash[e.hash]})" if e.hash in warm_hash else ""
                 events.append([r.step, "evicted", f"block {e.block} {who}".strip()])
-            elif isinstance(e, T.RequestPreempted):
+            elif isinstance(e, RequestPreempted):
                 events.append([r.step, "preempted", e.request_id])
     charts = [
         lines(f"Requests on the {SMALL}-block pool", {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.core import KVScopeError
-from engine.events import types as T
+from engine.events.types import RequestScheduled
 
 from lessons.base import Answer, Lesson, LessonResult, Question, bars, lines, table
 from lessons.scenario import Req, greedy
@@ -28,7 +28,10 @@ smaller dtype.""",
 at start-up: `num_blocks = budget // bytes_per_block`. On a GPU the budget is
 `total memory x gpu_memory_utilization` minus what a profiling forward pass at the
 largest batch used (weights and activations), as in vLLM. On a CPU kvscope takes
-`kv_cache_memory` bytes (1 GiB by default), or an explicit `num_kv_blocks`.
+`kv_cache_memory` bytes, or an explicit `num_kv_blocks`. Given neither, it takes 1 GiB,
+but no more than `max_num_seqs` full-length sequences can use (vLLM reports that
+figure at start-up as the "maximum concurrency"), so a tiny model is not handed a pool
+nothing ever fills.
 
 **From blocks to sequences.** A sequence of `max_model_len` tokens needs
 `ceil(max_model_len / block_size)` blocks, so `num_blocks // that` full-length sequences
@@ -52,7 +55,7 @@ def run(ctx) -> LessonResult:
                 kv_cache_memory=budget, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False)
     num_blocks, engine_per_block = t.config["num_blocks"], t.config["kv_bytes_per_block"]
     per_seq = -(-MAX_MODEL_LEN // BLOCK_SIZE)
-    together = max(sum(1 for e in r.events if isinstance(e, T.RequestScheduled)) for r in t.records)
+    together = max(sum(1 for e in r.events if isinstance(e, RequestScheduled)) for r in t.records)
     try:
         ctx.engine(block_size=BLOCK_SIZE, kv_cache_memory=per_block * TINY_BLOCKS,
                    max_model_len=MAX_MODEL_LEN)

@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.events.render import render_snapshot
 from engine.events.step import StepRecord
 from engine.llm_engine import LLMEngine
-from engine.startup import build_engine_parts
+from engine.startup import build_engine
 from engine.store import Recorder
 
 from lessons.base import Lesson
@@ -60,7 +60,7 @@ class LessonContext:
 
         Raises the engine's KVScopeError subclasses (e.g. KVCacheTooSmallError)."""
         cfg = self.config(**overrides)
-        eng = LLMEngine(cfg, build_engine_parts(cfg, loaded=self._loaded))
+        eng = build_engine(cfg, loaded=self._loaded)
         self._loaded = eng.parts.loaded
         return eng
 
@@ -189,8 +189,8 @@ def run_lesson(lesson: Lesson, model: str, *, db: str | None = None, record: boo
         charts=result.charts,
         facts=result.facts,
         runs=[t.ref(focus_step if t is focus_trace else None) for t in ctx.traces],
-        pool={"run_id": focus_trace.run_id, "label": focus_trace.label, "step": snap["step"],
-              "snapshot": snap, "text": render_snapshot(snap, width)},
+        pool={"run_id": focus_trace.run_id, "label": focus_trace.label, "step": snap.step,
+              "snapshot": snap.to_dict(), "text": render_snapshot(snap, width)},
         recorded=record and stored,
         elapsed_s=round(time.perf_counter() - t0, 2),
     )

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core import SamplingParams
-from engine.events import types as T
+from engine.events.types import Event, PrefixLookup, RequestProgress
+from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
 
@@ -73,26 +74,26 @@ class Trace:
 
     # ---- events ----------------------------------------------------------------
 
-    def events(self, *types: type[T.Event]) -> list[T.Event]:
+    def events(self, *types: type[Event]) -> list[Event]:
         return [e for r in self.records for e in r.events if not types or isinstance(e, types)]
 
-    def first_step(self, etype: type[T.Event],
-                   pred: Callable[[T.Event], bool] | None = None) -> int | None:
+    def first_step(self, etype: type[Event],
+                   pred: Callable[[Event], bool] | None = None) -> int | None:
         """The first step holding an event of ``etype`` (matching ``pred``)."""
         for r in self.records:
             if any(isinstance(e, etype) and (pred is None or pred(e)) for e in r.events):
                 return r.step
         return None
 
-    def lookups(self) -> dict[str, T.PrefixLookup]:
+    def lookups(self) -> dict[str, PrefixLookup]:
         """Each request's prefix-cache lookup at its first admission."""
-        out: dict[str, T.PrefixLookup] = {}
-        for e in self.events(T.PrefixLookup):
+        out: dict[str, PrefixLookup] = {}
+        for e in self.events(PrefixLookup):
             out.setdefault(e.request_id, e)
         return out
 
     def first_token_step(self, rid: str) -> int | None:
-        return self.first_step(T.RequestProgress,
+        return self.first_step(RequestProgress,
                                lambda e: e.request_id == rid and bool(e.new_token_ids))
 
     # ---- pool state --------------------------------------------------------------
@@ -107,7 +108,7 @@ class Trace:
             out.append((r.step, s.copy()))
         return out
 
-    def snapshot_at(self, step: int | None = None) -> dict[str, Any]:
+    def snapshot_at(self, step: int | None = None) -> PoolSnapshot:
         """The pool after ``step`` (default: the last), rebuilt from the events."""
         s = PoolState(self.config["num_blocks"], self.config["block_size"])
         for r in self.records:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard import palette as P
+from dashboard import palette
 from dashboard.figures.style import base_layout, empty_figure
 
 # (metric column, title with unit, scale to display unit)
@@ -25,7 +25,7 @@ def overlay_figure(a: pd.DataFrame, b: pd.DataFrame, column: str, title: str, sc
     if column not in a and column not in b:
         return empty_figure(title, "Neither run recorded this metric.")
     fig = go.Figure()
-    for df, name, color in ((a, names[0], P.RUN_A), (b, names[1], P.RUN_B)):
+    for df, name, color in ((a, names[0], palette.RUN_A), (b, names[1], palette.RUN_B)):
         if column in df:
             fig.add_trace(go.Scatter(x=df["step"], y=df[column] * scale, name=name,
                                      mode="lines", line=dict(color=color, width=2),

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard import palette as P
+from dashboard import palette
 from dashboard.contiguous import VARIANT_LABELS, Baselines
 from dashboard.figures.style import base_layout, empty_figure
 
@@ -24,7 +24,7 @@ def split_figure(rows: Sequence[dict[str, Any]], capacity: int, step: int) -> go
              f"(token slots; same capacity, same requests)")
     labels = [f"{r['variant']}<br>running {r['running']} · waiting {r['waiting']}" for r in rows]
     fig = go.Figure()
-    for cat, color in P.MEMORY_COLORS.items():
+    for cat, color in palette.MEMORY_COLORS.items():
         xs = [r.get(cat, 0) for r in rows]
         if not any(xs):
             continue
@@ -46,11 +46,11 @@ def usage_figure(df: pd.DataFrame, step: int | None = None) -> go.Figure:
         return empty_figure(title, "No steps yet.")
     fig = go.Figure()
     for col, name, color in (
-            ("kv_cache_usage", "kv_cache_usage: blocks referenced / all blocks", P.KV_CACHE_USAGE),
-            ("kv_token_usage", "kv_token_usage: filled slots / all slots", P.KV_TOKEN_USAGE),
+            ("kv_cache_usage", "kv_cache_usage: blocks referenced / all blocks", palette.KV_CACHE_USAGE),
+            ("kv_token_usage", "kv_token_usage: filled slots / all slots", palette.KV_TOKEN_USAGE),
             ("internal_fragmentation",
              "internal fragmentation: empty slots / slots of referenced blocks",
-             P.FRAGMENTATION)):
+             palette.FRAGMENTATION)):
         fig.add_trace(go.Scatter(x=df["step"], y=df[col] * 100, name=name, mode="lines",
                                  line=dict(color=color, width=2)))
     base_layout(fig, title=title, height=340, legend_lines=3)
@@ -67,9 +67,9 @@ def concurrency_figure(base: Baselines | None, step: int | None = None) -> go.Fi
     if base is None or not base.paged:
         return empty_figure(title, "No steps yet.")
     fig = go.Figure()
-    series = [("paged", base.paged, P.BLOCK_COLORS[P.USED], "solid")]
+    series = [("paged", base.paged, palette.BLOCK_COLORS[palette.USED], "solid")]
     for v, dash in (("max_model_len", "dot"), ("prompt_plus_max_tokens", "dash")):
-        series.append((v, list(base.results[v].steps), P.MEMORY_COLORS["reserved, unused"],
+        series.append((v, list(base.results[v].steps), palette.MEMORY_COLORS["reserved, unused"],
                        dash))
     for v, rows, color, dash in series:
         fig.add_trace(go.Scatter(x=[r.step for r in rows], y=[r.num_running for r in rows],

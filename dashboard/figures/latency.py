@@ -7,7 +7,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard import palette as P
+from dashboard import palette
 from dashboard.figures.style import base_layout, empty_figure
 
 QUANTILES = ((50, "solid"), (90, "dash"), (99, "dot"))
@@ -31,7 +31,7 @@ def latency_figure(samples: dict[str, list[float]], latest: dict[str, Any]) -> g
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
         _subtitle("time to first token", len(samples["ttft_s"]), latest, "ttft"),
         _subtitle("inter-token latency", len(samples["itl_s"]), latest, "itl")))
-    for col, key, color, name in ((1, "ttft", P.TTFT, "TTFT"), (2, "itl", P.ITL, "ITL")):
+    for col, key, color, name in ((1, "ttft", palette.TTFT, "TTFT"), (2, "itl", palette.ITL, "ITL")):
         fig.add_trace(go.Histogram(x=_ms(samples[f"{key}_s"]), name=f"{name} (count per bin)",
                                    marker_color=color, nbinsx=30, opacity=0.85),
                       row=1, col=col)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard import palette as P
+from dashboard import palette
 from dashboard.figures.style import base_layout, empty_figure
 
 
@@ -20,13 +20,13 @@ def budget_figure(df: pd.DataFrame) -> go.Figure:
         return empty_figure(title, "No steps yet.")
     fig = go.Figure()
     fig.add_trace(go.Bar(x=df["step"], y=df["num_prefill_tokens"], name="prefill-chunk tokens",
-                         marker_color=P.PREFILL))
+                         marker_color=palette.PREFILL))
     fig.add_trace(go.Bar(x=df["step"], y=df["num_decode_tokens"], name="decode tokens",
-                         marker_color=P.DECODE))
+                         marker_color=palette.DECODE))
     if "token_budget" in df:
         fig.add_trace(go.Scatter(x=df["step"], y=df["token_budget"], mode="lines",
                                  name="budget (max_num_batched_tokens)",
-                                 line=dict(color=P.BUDGET, dash="dash", width=1.5,
+                                 line=dict(color=palette.BUDGET, dash="dash", width=1.5,
                                            shape="hv")))
     base_layout(fig, title=title, height=300)
     fig.update_layout(barmode="stack", bargap=0.05)
@@ -41,7 +41,7 @@ def queues_figure(df: pd.DataFrame) -> go.Figure:
     if df.empty or "num_requests_running" not in df:
         return empty_figure(title, "No steps yet.")
     fig = go.Figure()
-    for status, color in P.REQUEST_STATUS_COLORS.items():
+    for status, color in palette.REQUEST_STATUS_COLORS.items():
         col = f"num_requests_{status}"
         if col in df:
             fig.add_trace(go.Scatter(x=df["step"], y=df[col], name=status, mode="lines",

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.events.pool_snapshot import PoolSnapshot
+
 import plotly.graph_objects as go
 
-from dashboard import palette as P
+from dashboard import palette
 from dashboard.blocks import request_rows
 from dashboard.figures.style import base_layout, empty_figure
 
@@ -23,16 +25,16 @@ def _label(row: dict[str, Any]) -> str:
     return f"{row['request_id']}{fork} · {row['status']}"
 
 
-def tables_figure(snapshot: dict[str, Any], max_rows: int = 64) -> go.Figure:
+def tables_figure(snapshot: PoolSnapshot, max_rows: int = 64) -> go.Figure:
     """Horizontal segmented bars, one row per request (arrival order, top first)."""
     rows = request_rows(snapshot)[:max_rows]
-    title = (f"Block tables at step {snapshot['step']}: logical block → physical block id "
-             f"(x in blocks of {snapshot['block_size']} token slots)")
+    title = (f"Block tables at step {snapshot.step}: logical block → physical block id "
+             f"(x in blocks of {snapshot.block_size} token slots)")
     if not rows:
         return empty_figure(title, "No requests in the engine. Submit one on the Submit page.")
-    bs = snapshot["block_size"]
+    bs = snapshot.block_size
     seg: dict[str, dict[str, list]] = {s: {"x": [], "base": [], "y": [], "text": [], "hover": []}
-                                       for s in (P.USED, P.SHARED)}
+                                       for s in (palette.USED, palette.SHARED)}
     outline = {"x": [], "base": [], "y": [], "hover": []}
     labels = []
     for r in rows:
@@ -45,7 +47,7 @@ def tables_figure(snapshot: dict[str, Any], max_rows: int = 64) -> go.Figure:
             s["y"].append(y)
             s["text"].append(str(b))
             s["hover"].append(f"{r['request_id']}: logical {i} → physical {b}<br>"
-                              f"{fill}/{bs} slots filled · {P.BLOCK_LABELS[st]}")
+                              f"{fill}/{bs} slots filled · {palette.BLOCK_LABELS[st]}")
             if fill < bs:
                 outline["x"].append(1)
                 outline["base"].append(i)
@@ -64,8 +66,8 @@ def tables_figure(snapshot: dict[str, Any], max_rows: int = 64) -> go.Figure:
             x=s["x"], base=s["base"], y=s["y"], orientation="h", text=s["text"],
             textposition="inside", insidetextanchor="middle", textfont=dict(size=10),
             textangle=0,
-            hovertext=s["hover"], hoverinfo="text", name=P.BLOCK_LABELS[st],
-            marker=dict(color=P.BLOCK_COLORS[st], line=dict(color="white", width=1))))
+            hovertext=s["hover"], hoverinfo="text", name=palette.BLOCK_LABELS[st],
+            marker=dict(color=palette.BLOCK_COLORS[st], line=dict(color="white", width=1))))
     longest = max((len(r["table"]) for r in rows), default=1)
     base_layout(fig, title=title, height=110 + ROW_PX * len(rows))
     fig.update_layout(barmode="overlay", bargap=0.25, uniformtext=dict(mode="hide", minsize=8))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboard import palette as P
+from dashboard import palette
 from dashboard.figures.style import base_layout, empty_figure
 
 SERIES = (("eviction", "num_evictions_step", "num_evictions"),
@@ -27,7 +27,7 @@ def events_figure(df: pd.DataFrame, step: int | None = None) -> go.Figure:
         y = df.get(per_step, pd.Series(0, index=df.index)).fillna(0)
         tot = int(df[total].iloc[-1]) if total in df and pd.notna(df[total].iloc[-1]) else 0
         fig.add_trace(go.Bar(x=df["step"], y=y, name=f"{name}s (total {tot})",
-                             marker_color=P.EVENT_COLORS[name],
+                             marker_color=palette.EVENT_COLORS[name],
                              hovertemplate=f"step %{{x}}: %{{y}} {name}(s)<extra></extra>"))
     base_layout(fig, title=title, height=280)
     fig.update_layout(barmode="group", bargap=0.1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.server.client import ServerError
+from engine.client import ServerError
 
 from dashboard.connection import connection, restart_managed_server, server_status
 
@@ -67,7 +67,7 @@ def _restart(options: dict) -> None:
         except (ServerError, TimeoutError) as exc:
             st.error(f"Restart refused; the old engine keeps serving. {exc}")
             return
-    result = res.get("result", {})
+    result = res.result
     st.success(f"New run `{result.get('run_id')}` started (previous run: "
                f"`{result.get('previous_run_id')}`). Open Live to watch it.")
 

@@ -6,7 +6,7 @@ import time
 
 import streamlit as st
 
-from engine.server.client import ServerError
+from engine.client import ServerError
 
 from dashboard.connection import connection, feed, server_status, settings
 from dashboard.panels import render_run_view
@@ -48,7 +48,7 @@ def _body() -> None:
 def _reset_prefix_cache() -> None:
     try:
         res = connection().reset_prefix_cache(timeout=10)
-        st.toast(f"Prefix cache reset: {res.get('result', {})}")
+        st.toast(f"Prefix cache reset: {res.result}")
     except (ServerError, TimeoutError) as exc:
         st.toast(f"Reset failed: {exc}")
 

@@ -9,6 +9,7 @@ import streamlit as st
 from engine.store.runs import RunStore
 
 from dashboard.panels import render_run_view
+from dashboard.run_summary import CONFIG_KEYS
 from dashboard.stored_runs import JUMPS, StoredRun, load_run, run_label
 
 PLAY_PERIOD_S = 0.5  # two frames a second: slow enough to read the grid change
@@ -38,9 +39,7 @@ def _pick_run(store: RunStore) -> dict | None:
 def _run_details(store: RunStore, run: dict) -> None:
     with st.expander("Run details: engine config and label"):
         cfg = run.get("config") or {}
-        keys = ("model", "block_size", "num_blocks", "max_model_len", "max_num_batched_tokens",
-                "max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill")
-        st.dataframe([{"setting": k, "value": str(cfg.get(k, run.get(k, "–")))} for k in keys],
+        st.dataframe([{"setting": k, "value": str(cfg.get(k, run.get(k, "–")))} for k in CONFIG_KEYS],
                      hide_index=True)
         with st.form(f"label_{run['id']}", border=False):
             label = st.text_input("Label", value=run.get("label") or "",

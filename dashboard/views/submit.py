@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import streamlit as st
-
 import os
 
+import streamlit as st
+
+from engine.client import ServerError
 from engine.openai.snippets import TOKEN_ENV, curl_snippet, python_snippet
-from engine.server.client import ServerError
 
 from dashboard.connection import connection, feed, settings
 from dashboard.outputs_view import render_outputs
 from dashboard.preset_runner import PresetRunner, submit_one
 from dashboard.presets import PRESETS, Submission
+from dashboard.server_process import probe_health
 
 MY_REQUESTS = "submit_request_ids"
 
@@ -91,8 +92,9 @@ def _presets() -> None:
 
 def _api_snippets() -> None:
     """Copy-paste clients for this server's OpenAI API: their requests show up here too."""
-    view = connection().view()
-    model = (view.config or {}).get("model_name") or settings().model
+    # The name the API answers to (--served-model-name, else --model), as /healthz says it.
+    health = probe_health(settings().health_url) or {}
+    model = health.get("served_model_name") or settings().model
     token = bool(os.environ.get(TOKEN_ENV))
     with st.expander("From your own code: the OpenAI API on the same port", expanded=False):
         st.caption("Any OpenAI client, app or benchmark can drive this engine; its requests "

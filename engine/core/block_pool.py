@@ -1,7 +1,9 @@
 """The physical block pool: ref counts, the free queue and the hash → block map.
 
 Writer: only the KVCacheManager calls the mutating methods; every change is
-recorded as a protocol event in the shared EventLog.
+recorded as a protocol event in the shared EventLog. Whoever needs to follow
+hashes as they come and go (the miss-cause book) passes ``on_cached`` /
+``on_uncached``; the pool keeps no bookkeeping of its own for them.
 
 Free-queue policy (as vLLM's): blocks are reused from the head. A block whose
 ref count drops to 0 goes to the head if it has no hash (nothing worth keeping)
@@ -12,8 +14,12 @@ the eviction end before its head blocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from engine.core.event_log import EventLog
-from engine.events.types import BlockCached, BlockEvicted, BlockFreed
+from engine.events.types import BlockCached, BlockEvicted, BlockFreed, EvictionReason
+
+BlockHook = Callable[["Block"], None]
 
 
 class Block:
@@ -88,15 +94,15 @@ class FreeBlockQueue:
 class BlockPool:
     """``num_blocks`` blocks, all free at start, in id order."""
 
-    def __init__(self, num_blocks: int, log: EventLog) -> None:
+    def __init__(self, num_blocks: int, log: EventLog, on_cached: BlockHook | None = None,
+                 on_uncached: BlockHook | None = None) -> None:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[str, Block] = {}
-        # parent hash → cached children, to explain misses that diverge mid-block
-        self.children: dict[str | None, set[Block]] = {}
         self.log = log
-        self.num_evictions = 0
         self.num_cached_free = 0  # ref_count 0 with a hash: hittable, evicted LRU
+        self._on_cached = on_cached  # called after a block got its hash
+        self._on_uncached = on_uncached  # called while the block still holds it
 
     @property
     def num_free(self) -> int:
@@ -107,7 +113,7 @@ class BlockPool:
         b = self.free_queue.popleft()
         assert b.ref_count == 0
         if b.hash is not None:
-            self.uncache(b)
+            self.uncache(b, EvictionReason.REUSE)
         b.ref_count = 1
         return b
 
@@ -130,6 +136,13 @@ class BlockPool:
                 self.free_queue.append(b)
                 self.num_cached_free += 1
 
+    def move_reference(self, b: Block) -> None:
+        """A copy-on-write moved one reference from shared ``b`` to a fresh copy. ``b``
+        stays referenced (its count was > 1), so it never joins the free queue here;
+        the caller's ``cow_copy`` event records the move (no ``block_freed``)."""
+        assert b.ref_count > 1, f"copy-on-write from unshared {b}"
+        b.ref_count -= 1
+
     def cache(self, b: Block, block_hash: str, parent_hash: str | None,
               token_ids: tuple[int, ...]) -> bool:
         """Make a full block hittable; False if another block already holds this hash."""
@@ -138,20 +151,17 @@ class BlockPool:
         b.hash, b.parent_hash, b.token_ids = block_hash, parent_hash, token_ids
         self.cached[block_hash] = b
         self.num_cached_free += b.ref_count == 0
-        self.children.setdefault(parent_hash, set()).add(b)
         self.log.add(BlockCached(self.log.step, b.id, block_hash, parent_hash, token_ids))
+        if self._on_cached is not None:
+            self._on_cached(b)
         return True
 
-    def uncache(self, b: Block) -> None:
-        """Drop a block's hash: an eviction."""
+    def uncache(self, b: Block, reason: EvictionReason) -> None:
+        """Drop a block's hash (``reason``: reuse, reset or rollback); it keeps its place."""
         assert b.hash is not None
         del self.cached[b.hash]
         self.num_cached_free -= b.ref_count == 0
-        siblings = self.children.get(b.parent_hash)
-        if siblings is not None:
-            siblings.discard(b)
-            if not siblings:
-                del self.children[b.parent_hash]
-        self.log.add(BlockEvicted(self.log.step, b.id, b.hash))
-        self.num_evictions += 1
+        if self._on_uncached is not None:
+            self._on_uncached(b)
+        self.log.add(BlockEvicted(self.log.step, b.id, b.hash, reason))
         b.hash = b.parent_hash = b.token_ids = None

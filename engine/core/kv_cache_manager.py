@@ -1,7 +1,9 @@
 """KVCacheManager: block tables, prefix caching and copy-on-write.
 
 Writer of every block table. It never touches tensors: copy-on-write pairs are
-recorded for the runner, which copies the K/V before the step's forward.
+recorded for the runner, which copies the K/V before the step's forward. Why a
+lookup missed is the miss-cause book's business (``engine.core.miss_causes``);
+counting lookups, hits and evictions is the EventLog's (``EventCounts``).
 """
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ from dataclasses import dataclass, field
 from engine.core.block_pool import Block, BlockPool
 from engine.core.config import CacheConfig
 from engine.core.event_log import EventLog
-from engine.core.hashing import hash_block, hash_full_blocks
+from engine.core.hashing import hash_full_blocks
+from engine.core.miss_causes import MissCauses, default_max_remembered
 from engine.core.request import Request
 from engine.events.types import (
-    BlockAllocated, CowCopy, PrefixCacheReset, PrefixHit, PrefixLookup, RequestForked,
+    BlockAllocated, CowCopy, EvictionReason, PrefixCacheReset, PrefixHit, PrefixLookup,
+    RequestForked,
 )
 
 
 @dataclass(slots=True)
 class PrefixMatch:
-    """Result of a side-effect-free prefix lookup; misses in tokens, by cause."""
+    """Result of a side-effect-free prefix lookup; misses in tokens, by cause.
+
+    ``resumed``: the request was preempted before (its lookup is counted apart)."""
 
     blocks: list[Block] = field(default_factory=list)
     num_tokens: int = 0
@@ -29,22 +35,25 @@ class PrefixMatch:
     miss_evicted: int = 0
     miss_partial: int = 0
     miss_disabled: int = 0
+    resumed: bool = False
 
 
 class KVCacheManager:
-    def __init__(self, config: CacheConfig, log: EventLog) -> None:
+    def __init__(self, config: CacheConfig, log: EventLog,
+                 max_remembered_hashes: int | None = None) -> None:
+        """``max_remembered_hashes`` bounds the miss-cause book (default: see
+        ``miss_causes.default_max_remembered``)."""
         self.config = config
         self.block_size = config.block_size
         self.log = log
-        self.pool = BlockPool(config.num_blocks, log)
+        self.misses = MissCauses(config.block_size, max_remembered_hashes
+                                 or default_max_remembered(config.num_blocks))
+        self.pool = BlockPool(config.num_blocks, log, on_cached=self.misses.on_cached,
+                              on_uncached=self.misses.on_uncached)
         self.tables: dict[str, list[Block]] = {}
         self.hashes: dict[str, list[str]] = {}  # chained hashes of a request's full blocks
         self.num_hashed: dict[str, int] = {}  # how many table blocks went through cache()
-        self.ever_cached: set[str] = set()
         self.cow_pairs: list[tuple[int, int]] = []
-        self.num_cow_copies = 0
-        self.num_queries = 0  # prefix-cache lookup tokens at admission (vLLM's counters)
-        self.num_hits = 0
         self.cached_this_step: list[Block] = []  # hashed at schedule, K/V not yet computed
 
     # ---- lookup -------------------------------------------------------------
@@ -52,37 +61,21 @@ class KVCacheManager:
     def lookup(self, req: Request) -> PrefixMatch:
         """Longest cached run of full blocks, never covering the last token."""
         n, bs = req.num_tokens, self.block_size
+        resumed = req.num_preemptions > 0  # as vLLM's PrefixCacheStats.record(preempted=)
         if not self.config.enable_prefix_caching:
-            return PrefixMatch(num_query_tokens=n, miss_disabled=n)
+            return PrefixMatch(num_query_tokens=n, miss_disabled=n, resumed=resumed)
         hashes = hash_full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
         max_blocks = (n - 1) // bs  # the last token's logits are needed
-        m = PrefixMatch(num_query_tokens=n)
+        m = PrefixMatch(num_query_tokens=n, resumed=resumed)
         for h in hashes[:max_blocks]:
             b = self.pool.cached.get(h)
             if b is None:
                 break
             m.blocks.append(b)
         m.num_tokens = len(m.blocks) * bs
-        for i in range(len(m.blocks), n // bs):
-            if i >= max_blocks:
-                m.miss_partial += bs  # cached or not, this block holds the last token
-            elif hashes[i] in self.ever_cached:
-                m.miss_evicted += bs
-            elif i == len(m.blocks) and self._diverges_mid_block(req, i, hashes):
-                m.miss_partial += bs  # shared prefix ended inside this block
-            else:
-                m.miss_cold += bs
-        m.miss_partial += n % bs  # an unfinished block is never hashed
+        m.miss_cold, m.miss_evicted, m.miss_partial = self.misses.classify(
+            req.token_ids, hashes, len(m.blocks), self.pool.cached)
         return m
-
-    def _diverges_mid_block(self, req: Request, i: int, hashes: list[str]) -> bool:
-        """True when a cached block with the same parent shares this block's start."""
-        parent = hashes[i - 1] if i else None
-        siblings = self.pool.children.get(parent)
-        if not siblings:
-            return False
-        first = req.token_ids[i * self.block_size]
-        return any(b.token_ids[0] == first for b in siblings)
 
     # ---- allocation ---------------------------------------------------------
 
@@ -118,11 +111,9 @@ class KVCacheManager:
         computed = req.num_computed_tokens
         if match is not None:
             assert not table, f"{rid} admitted with a non-empty table"
-            self.num_queries += match.num_query_tokens
-            self.num_hits += match.num_tokens
             self.log.add(PrefixLookup(step, rid, match.num_query_tokens, match.num_tokens,
                                       match.miss_cold, match.miss_evicted, match.miss_partial,
-                                      match.miss_disabled))
+                                      match.miss_disabled, match.resumed))
             if match.blocks:
                 for b in match.blocks:
                     self.pool.touch(b)
@@ -135,10 +126,9 @@ class KVCacheManager:
             src = table[i]
             dst = self.pool.take()
             table[i] = dst
-            self.pool.release(src, rid)
+            self.pool.move_reference(src)
             self.cow_pairs.append((src.id, dst.id))
-            self.num_cow_copies += 1
-            self.log.add(CowCopy(step, rid, src.id, dst.id, i))
+            self.log.add(CowCopy(step, rid, src.id, dst.id, i, src.ref_count))
         total = -(-(computed + num_new_tokens) // self.block_size)
         while len(table) < total:
             b = self.pool.take()
@@ -174,7 +164,6 @@ class KVCacheManager:
         for i in range(start, full):
             parent = hashes[i - 1] if i else None
             if self.pool.cache(table[i], hashes[i], parent, tuple(req.token_ids[i * bs:(i + 1) * bs])):
-                self.ever_cached.add(hashes[i])
                 self.cached_this_step.append(table[i])
         self.num_hashed[rid] = full
 
@@ -207,7 +196,8 @@ class KVCacheManager:
     def uncache_uncomputed(self) -> int:
         """The step's forward failed: forget the hashes given at schedule (their K/V was
         never written, a hit on them would read garbage). Returns how many."""
-        n = self._forget([b for b in self.cached_this_step if b.hash is not None])
+        n = self._forget([b for b in self.cached_this_step if b.hash is not None],
+                         EvictionReason.ROLLBACK)
         self.cached_this_step.clear()
         return n
 
@@ -217,13 +207,12 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached hash (blocks in use keep their data). Returns how many."""
-        n = self._forget(list(self.pool.cached.values()))
+        n = self._forget(list(self.pool.cached.values()), EvictionReason.RESET)
         self.log.add(PrefixCacheReset(self.log.step))
         return n
 
-    def _forget(self, blocks: list[Block]) -> int:
-        """Drop these blocks' hashes; not counted as evictions (no LRU pressure)."""
+    def _forget(self, blocks: list[Block], reason: EvictionReason) -> int:
+        """Drop these blocks' hashes (a reset or a rollback, not LRU pressure)."""
         for b in blocks:
-            self.pool.uncache(b)
-        self.pool.num_evictions -= len(blocks)
+            self.pool.uncache(b, reason)
         return len(blocks)

@@ -1,8 +1,9 @@
-"""The engine's true state in the protocol's snapshot shape (see engine.events.reducer).
+"""The engine's true state as the events' types: a ``PoolSnapshot`` or a ``PoolSummary``.
 
-Block ``num_tokens`` = filled slots: for a referenced block, the most any owner
-has computed into it; a free cached block is full; a free uncached block holds
-nothing worth counting.
+Both come from the manager's tables and pool and the scheduler's requests; the
+fill of each block is ``engine.events.pool_summary``'s (the one definition).
+Writer: none (read-only views built on demand by ``Scheduler.snapshot`` and
+``Scheduler.pool_summary``).
 """
 
 from __future__ import annotations
@@ -10,49 +11,35 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from engine.events.pool_snapshot import PoolSnapshot, RequestView
+from engine.events.pool_summary import PoolSummary
+
 if TYPE_CHECKING:
     from engine.core.kv_cache_manager import KVCacheManager
     from engine.core.request import Request
 
 
-def build_snapshot(step: int, kv: "KVCacheManager", requests: Iterable["Request"],
-                   tokens: bool = True) -> dict:
+def build_snapshot(step: int, kv: KVCacheManager, requests: Iterable[Request],
+                   tokens: bool = True) -> PoolSnapshot:
     """``tokens=False`` leaves token ids out (None): enough for metrics, much cheaper."""
-    bs = kv.block_size
-    fill = [0] * len(kv.pool.blocks)
-    reqs = {}
+    views = []
     for r in sorted(requests, key=lambda r: r.sort_key):
-        table = kv.tables.get(r.request_id, [])
-        for i, b in enumerate(table):
-            fill[b.id] = max(fill[b.id], min(bs, max(0, r.num_computed_tokens - i * bs)))
-        reqs[r.request_id] = {
-            "status": r.status.value,
-            "block_table": [b.id for b in table],
-            "num_tokens": r.num_tokens,
-            "num_computed_tokens": r.num_computed_tokens,
-            "num_cached_tokens": r.num_cached_tokens,
-            "token_ids": list(r.token_ids) if tokens else None,
-            "parent_id": r.parent_id,
-            "arrival_index": r.arrival_index,
-        }
-    blocks = []
-    for b in kv.pool.blocks:
-        if b.ref_count > 0:
-            n = fill[b.id]
-        else:
-            n = bs if b.hash is not None else 0
-        blocks.append({
-            "id": b.id,
-            "ref_count": b.ref_count,
-            "hash": b.hash,
-            "num_tokens": n,
-            "token_ids": list(b.token_ids) if tokens and b.token_ids is not None else None,
-        })
-    return {
-        "step": step,
-        "block_size": bs,
-        "num_blocks": len(kv.pool.blocks),
-        "blocks": blocks,
-        "free_queue": kv.pool.free_queue.ids(),
-        "requests": reqs,
-    }
+        views.append(RequestView(
+            r.request_id, r.status, tuple(b.id for b in kv.tables.get(r.request_id, ())),
+            r.num_tokens, r.num_computed_tokens, r.num_cached_tokens,
+            tuple(r.token_ids) if tokens else None, r.parent_id, r.arrival_index))
+    blocks = kv.pool.blocks
+    return PoolSnapshot.build(
+        step, kv.block_size, [b.ref_count for b in blocks], [b.hash for b in blocks],
+        [b.token_ids if tokens else None for b in blocks], kv.pool.free_queue.ids(), views)
+
+
+def summarize_pool(step: int, kv: KVCacheManager, requests: Iterable[Request]) -> PoolSummary:
+    """The summary of the live state: O(table entries of ``requests``), not O(pool)."""
+    requests = list(requests)
+    empty: tuple = ()
+    return PoolSummary.from_tables(
+        step, kv.block_size, len(kv.pool.blocks), kv.pool.num_free, kv.pool.num_cached_free,
+        [([b.id for b in kv.tables.get(r.request_id, empty)], r.num_computed_tokens)
+         for r in requests],
+        [r.status for r in requests])

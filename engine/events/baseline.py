@@ -40,8 +40,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.events import types as T
-from engine.events.reducer import PoolState
+from engine.events.pool_state import PoolState
+from engine.events.pool_summary import PoolSummary
+from engine.events.types import RequestArrived, RequestForked, RequestProgress
 
 
 class Reservation(enum.Enum):
@@ -216,11 +217,11 @@ def trace_from_records(records: Iterable[Any],
     final: dict[str, int] = {}
     for rec in records:
         for e in rec.events:
-            if isinstance(e, T.RequestArrived) and e.request_id not in info:
+            if isinstance(e, RequestArrived) and e.request_id not in info:
                 order.append(e.request_id)
                 info[e.request_id] = {"step": e.step, "prompt": e.num_prompt_tokens,
                                       "max": max_tokens.get(e.request_id)}
-            elif isinstance(e, T.RequestForked) and e.request_id not in info:
+            elif isinstance(e, RequestForked) and e.request_id not in info:
                 # Without sharing, a fork child needs its own copy of every token it starts with.
                 parent = info.get(e.parent_id)
                 mt = max_tokens.get(e.request_id)
@@ -229,7 +230,7 @@ def trace_from_records(records: Iterable[Any],
                 order.append(e.request_id)
                 info[e.request_id] = {"step": e.step, "prompt": e.num_tokens, "max": mt}
                 final[e.request_id] = e.num_tokens
-            elif isinstance(e, T.RequestProgress):
+            elif isinstance(e, RequestProgress):
                 final[e.request_id] = e.num_tokens
     return [TraceRequest(rid, info[rid]["step"], info[rid]["prompt"],
                          max(0, final.get(rid, info[rid]["prompt"]) - info[rid]["prompt"]),
@@ -237,28 +238,31 @@ def trace_from_records(records: Iterable[Any],
             for rid in order]
 
 
-def paged_steps(records: Iterable[Any], num_blocks: int, block_size: int) -> list[BaselineStep]:
-    """The paged engine's rows on the same scale, by replaying the run's events.
+def paged_step(pool: PoolSummary) -> BaselineStep:
+    """The paged engine's row for one pool summary, on the baseline's scale.
 
     ``reserved_slots`` = slots of referenced blocks (shared once), ``used_slots`` =
     their filled slots; free space is the free block count (any block fits any
     request, so external fragmentation is 0 by construction)."""
+    bs = pool.block_size
+    reserved = pool.num_used_blocks * bs
+    free = pool.num_blocks * bs - reserved
+    return BaselineStep(
+        step=pool.step, num_running=pool.num_requests_running,
+        num_waiting=pool.num_requests_waiting + pool.num_requests_preempted,
+        used_slots=pool.num_filled_slots, reserved_slots=reserved,
+        reserved_unused_slots=reserved - pool.num_filled_slots, free_slots=free,
+        largest_free_run=free, external_fragmentation=0.0, blocked_by_fragmentation=False,
+        stranded_free_slots=0)
+
+
+def paged_steps(records: Iterable[Any], num_blocks: int, block_size: int) -> list[BaselineStep]:
+    """The paged engine's rows (``paged_step``), by replaying the run's events."""
     state = PoolState(num_blocks, block_size)
     rows = []
     for rec in records:
         state.apply_step(rec)
-        fill = state.block_fill()
-        refd = [i for i in range(num_blocks) if state.ref[i] > 0]
-        used = sum(fill[i] for i in refd)
-        reserved = len(refd) * block_size
-        statuses = [r.status for r in state.requests.values()]
-        free = num_blocks * block_size - reserved
-        rows.append(BaselineStep(
-            step=rec.step, num_running=statuses.count("running"),
-            num_waiting=len(statuses) - statuses.count("running"), used_slots=used,
-            reserved_slots=reserved, reserved_unused_slots=reserved - used, free_slots=free,
-            largest_free_run=free, external_fragmentation=0.0, blocked_by_fragmentation=False,
-            stranded_free_slots=0))
+        rows.append(paged_step(state.summary()))
     return rows
 
 

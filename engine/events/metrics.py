@@ -13,16 +13,20 @@ Pool (from the PoolSummary; a block is *referenced* when its ref_count > 0):
 - ``internal_fragmentation``: 1 − filled / slots of referenced blocks (fraction);
   a shared block is counted once; 0.0 when no block is referenced.
 - ``num_used_blocks``, ``num_free_blocks``, ``num_shared_blocks`` (ref > 1),
-  ``num_cached_free_blocks`` (ref 0 with a hash: hittable, evicted LRU) — blocks.
-Prefix cache (tokens, from ``prefix_lookup`` events; one lookup per admission):
-- ``prefix_cache_queries``, ``prefix_cache_hits`` (cumulative) and ``_step`` twins.
-- ``prefix_cache_hit_rate`` = hits / queries (cumulative), ``prefix_cache_hit_rate_step``.
-- ``prefix_cache_miss_{cold,evicted,partial,disabled}`` (+ ``_step``): misses by cause;
-  the four add up to queries − hits, cumulative and per step.
-Counters (events): ``num_preemptions`` (request_preempted), ``num_evictions``
-(block_evicted of LRU reuse; the evictions of a prefix-cache reset are counted in
-``prefix_cache_resets`` instead), ``cow_copies`` — each cumulative and ``_step``;
-``num_requests_finished`` (+ ``_step``).
+  ``num_cached_free_blocks`` (ref 0 with a hash: hittable, evicted LRU) — blocks;
+  ``num_filled_slots`` — token slots (the PoolSummary's fill).
+Counters, each cumulative and with a ``_step`` twin, as ``EventCounts`` defines
+them (engine.events.event_counts; one lookup per admission, each event counted by
+its own fields):
+- prefix cache (tokens): ``prefix_cache_queries``, ``prefix_cache_hits`` (first
+  admissions, caching on: vLLM's), ``prefix_cache_resumed_queries``/``_hits``
+  (lookups of preempted requests, apart), ``prefix_cache_miss_{cold,evicted,partial}``
+  (first admissions' misses by cause: they add up to queries − hits) and
+  ``prefix_cache_miss_disabled`` (first admissions with caching off);
+- ``prefix_cache_hit_rate`` = hits / queries (cumulative), ``prefix_cache_hit_rate_step``;
+- ``num_preemptions``, ``num_evictions`` (block_evicted, reason reuse: LRU),
+  ``num_reset_evictions``, ``num_rollback_evictions``, ``cow_copies``,
+  ``prefix_cache_resets``, ``num_requests_finished``.
 Scheduler (requests from the PoolSummary, tokens from request_scheduled this step):
 - ``num_requests_waiting`` (status waiting, preempted excluded),
   ``num_requests_running``, ``num_requests_preempted`` — requests.
@@ -33,6 +37,9 @@ Latency (seconds; observations the engine hands in for this step):
 - ``ttft_s``, ``itl_s``, ``e2e_s``: lists observed this step.
 - ``{ttft,itl,e2e}_{p50,p90,p99}_s``: percentiles over the run (linear interpolation
   between closest ranks, as numpy's default).
+Requests (the output processor's per-request figures, ``engine.events.request_stats``):
+``first_tokens`` and ``finished_requests``, the ``to_dict()`` of each FirstTokenStats /
+FinishedRequestStats of this step (empty lists when none).
 Throughput: ``num_output_tokens_step`` (tokens appended by request_progress),
 ``num_output_tokens`` (cumulative), ``output_throughput_tps`` (tokens/s): with the
 steps whose ts lies in [now − window, now], the tokens of all but the oldest of
@@ -42,15 +49,19 @@ them over (now − oldest ts); ``None`` until two steps fall in the window.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.pool_summary import PoolSummary
-from engine.events import types as T
+from engine.events.event_counts import MISS_CAUSES, EventCounts
+from engine.events.pool_summary import PoolSummary
+from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
+from engine.events.types import Event
 
-MISS_CAUSES = ("cold", "evicted", "partial", "disabled")
+__all__ = ["MISS_CAUSES", "LatencyObservations", "MetricsConfig", "MetricsTracker", "percentile"]
+
 _PERCENTILES = (50, 90, 99)
 
 
@@ -99,17 +110,13 @@ def percentile(sorted_values: Sequence[float], q: float) -> float | None:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _ratio(num: float, den: float) -> float | None:
-    return num / den if den else None
-
-
 class MetricsTracker:
     """Turns each step into its metrics dict; keeps the run's counters and samples."""
 
-    _COUNTERS = ("prefix_cache_queries", "prefix_cache_hits",
-                 *(f"prefix_cache_miss_{c}" for c in MISS_CAUSES),
-                 "num_preemptions", "num_evictions", "cow_copies", "prefix_cache_resets",
-                 "num_requests_finished", "num_output_tokens")
+    # EventCounts fields exported cumulative + ``_step``; the scheduled-token
+    # counts are per-step figures only.
+    _COUNTERS = tuple(f.name for f in dataclasses.fields(EventCounts)
+                      if f.name not in ("num_prefill_tokens", "num_decode_tokens"))
 
     def __init__(self, config: MetricsConfig) -> None:
         self.config = config
@@ -117,60 +124,31 @@ class MetricsTracker:
 
     def reset(self) -> None:
         """Start a new run: zero the counters, latency samples and throughput window."""
-        self._totals = dict.fromkeys(self._COUNTERS, 0)
+        self.totals = EventCounts()
         self._samples: dict[str, list[float]] = {"ttft": [], "itl": [], "e2e": []}
         self._window: deque[tuple[float, int]] = deque()  # (step ts, output tokens)
 
-    def update(self, events: Iterable[T.Event], pool: PoolSummary, ts: float,
-               latencies: LatencyObservations | None = None) -> dict[str, Any]:
-        """Metrics of one step: its events, the pool after it, its end time ``ts``.
+    def update(self, events: Iterable[Event], pool: PoolSummary, ts: float,
+               latencies: LatencyObservations | None = None,
+               first_tokens: Sequence[FirstTokenStats] = (),
+               finished_requests: Sequence[FinishedRequestStats] = ()) -> dict[str, Any]:
+        """Metrics of one step: its events, the pool after it, its end time ``ts``,
+        and the latencies and per-request figures the output processor measured.
 
-        ``pool`` comes from ``Scheduler.pool_summary()`` (live) or
-        ``summarize_snapshot`` (a snapshot dict).
+        ``pool`` comes from ``Scheduler.pool_summary()`` (live),
+        ``PoolState.summary()`` or ``PoolSnapshot.summary()``.
         """
-        step = dict.fromkeys(self._COUNTERS, 0)
-        prefill = decode = 0
-        evict_run = 0  # consecutive block_evicted events; a reset claims the run before it
-        for e in events:
-            t = type(e)
-            if t is T.BlockEvicted:
-                evict_run += 1
-                continue
-            if t is T.PrefixCacheReset:
-                step["prefix_cache_resets"] += 1
-            else:
-                step["num_evictions"] += evict_run
-            evict_run = 0
-            if t is T.PrefixLookup:
-                step["prefix_cache_queries"] += e.num_query_tokens
-                step["prefix_cache_hits"] += e.num_hit_tokens
-                for c in MISS_CAUSES:
-                    step[f"prefix_cache_miss_{c}"] += getattr(e, f"miss_{c}")
-            elif t is T.RequestScheduled:
-                if e.phase == "decode":
-                    decode += e.num_tokens
-                else:
-                    prefill += e.num_tokens
-            elif t is T.RequestPreempted:
-                step["num_preemptions"] += 1
-            elif t is T.CowCopy:
-                step["cow_copies"] += 1
-            elif t is T.RequestFinished:
-                step["num_requests_finished"] += 1
-            elif t is T.RequestProgress:
-                step["num_output_tokens"] += len(e.new_token_ids)
-        step["num_evictions"] += evict_run
+        step = EventCounts.of(events)
+        self.totals.add_counts(step)
+        prefill, decode = step.num_prefill_tokens, step.num_decode_tokens
 
         out: dict[str, Any] = {"step": pool.step, "ts": ts}
         out.update(pool.figures())
         for k in self._COUNTERS:
-            self._totals[k] += step[k]
-            out[k] = self._totals[k]
-            out[f"{k}_step"] = step[k]
-        out["prefix_cache_hit_rate"] = _ratio(self._totals["prefix_cache_hits"],
-                                              self._totals["prefix_cache_queries"])
-        out["prefix_cache_hit_rate_step"] = _ratio(step["prefix_cache_hits"],
-                                                   step["prefix_cache_queries"])
+            out[k] = getattr(self.totals, k)
+            out[f"{k}_step"] = getattr(step, k)
+        out["prefix_cache_hit_rate"] = self.totals.prefix_cache_hit_rate
+        out["prefix_cache_hit_rate_step"] = step.prefix_cache_hit_rate
 
         out.update(pool.request_counts())
         budget = self.config.max_num_batched_tokens
@@ -187,7 +165,9 @@ class MetricsTracker:
             for q in _PERCENTILES:
                 out[f"{name}_p{q}_s"] = percentile(samples, q)
 
-        out["output_throughput_tps"] = self._throughput(ts, step["num_output_tokens"])
+        out["first_tokens"] = [s.to_dict() for s in first_tokens]
+        out["finished_requests"] = [s.to_dict() for s in finished_requests]
+        out["output_throughput_tps"] = self._throughput(ts, step.num_output_tokens)
         return out
 
     def _throughput(self, ts: float, tokens: int) -> float | None:

@@ -1,8 +1,8 @@
 """``PoolState``: the mutable folded pool, built up one protocol event at a time.
 
 Holds per-block ref counts, hashes and tokens, the free queue and the requests;
-``to_snapshot`` turns it into the snapshot dict described in
-``engine.events.reducer``. ``check`` asserts the invariants between them.
+``to_snapshot`` turns it into a ``PoolSnapshot`` and ``summary`` into a
+``PoolSummary``. ``check`` asserts the invariants between them.
 
 Writer: ``apply_event``, through the per-event rules in ``engine.events.rules``
 (construction aside: ``from_snapshot`` and ``copy``).
@@ -14,16 +14,19 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from engine.events import types as T
-from engine.events.request_state import PREEMPTED, WAITING, RequestState
+from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.pool_summary import PoolSummary
+from engine.events.request_state import RequestState
+from engine.events.request_status import RequestStatus
 from engine.events.rules import HANDLERS, ImpossibleEventError
+from engine.events.types import Event, event_from_dict
 
 
 class PoolState:
     """Mutable folded state; O(1) per block event (O(table) for a few request events)."""
 
     __slots__ = ("step", "block_size", "num_blocks", "ref", "hash", "block_tokens", "free",
-                 "requests", "last_free")
+                 "requests")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
@@ -40,30 +43,20 @@ class PoolState:
         # middle (hits, allocation) and push at either end (hashless → head).
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.requests: dict[str, RequestState] = {}
-        # (request_id, block, index) of the latest block_freed, so a cow_copy that
-        # directly follows the release of its src is not counted twice. Set by the
-        # block_freed rule, cleared by any other event and at the end of a step.
-        self.last_free: tuple[str, int, int] | None = None
 
     # ---- construction ------------------------------------------------------
 
     @classmethod
-    def from_snapshot(cls, snap: dict[str, Any]) -> PoolState:
-        """Rebuild a PoolState from a snapshot dict (validated with ``check``)."""
-        s = cls(int(snap["num_blocks"]), int(snap["block_size"]))
-        s.step = int(snap.get("step", 0))
-        for b in snap["blocks"]:
-            i = b["id"]
-            s.ref[i] = b["ref_count"]
-            s.hash[i] = b.get("hash")
-            tok = b.get("token_ids")
-            s.block_tokens[i] = tuple(tok) if tok is not None else None
-        s.free = OrderedDict.fromkeys(snap["free_queue"])
-        for rid, r in snap["requests"].items():
-            s.requests[rid] = RequestState(r["status"], list(r["block_table"]), r["num_tokens"],
-                                           r["num_computed_tokens"], r.get("num_cached_tokens", 0),
-                                           list(r.get("token_ids", ())), r.get("parent_id"),
-                                           r.get("arrival_index", 0))
+    def from_snapshot(cls, snap: PoolSnapshot | dict[str, Any]) -> PoolState:
+        """Rebuild a PoolState from a snapshot or its JSON form (validated with ``check``)."""
+        if isinstance(snap, dict):
+            snap = PoolSnapshot.from_dict(snap)
+        s = cls(snap.num_blocks, snap.block_size)
+        s.step = snap.step
+        for b in snap.blocks:
+            s.ref[b.id], s.hash[b.id], s.block_tokens[b.id] = b.ref_count, b.hash, b.token_ids
+        s.free = OrderedDict.fromkeys(snap.free_queue)
+        s.requests = {rid: RequestState.from_view(r) for rid, r in snap.requests.items()}
         s.check(statuses=False)  # may be a mid-step state (blocks before request_scheduled)
         return s
 
@@ -74,24 +67,21 @@ class PoolState:
         s.ref, s.hash, s.block_tokens = list(self.ref), list(self.hash), list(self.block_tokens)
         s.free = OrderedDict(self.free)
         s.requests = {rid: r.copy() for rid, r in self.requests.items()}
-        s.last_free = self.last_free
         return s
 
     # ---- folding -----------------------------------------------------------
 
-    def apply_event(self, event: T.Event | dict[str, Any]) -> None:
-        """Fold one event (typed or its dict form) into this state, in place."""
+    def apply_event(self, event: Event | dict[str, Any]) -> None:
+        """Fold one event (typed or its v2 dict form) into this state, in place."""
         if isinstance(event, dict):
-            event = T.event_from_dict(event)
+            event = event_from_dict(event)
         handler = HANDLERS.get(type(event))
         if handler is None:
             raise ImpossibleEventError(f"no reducer rule for event type {event.type!r}")
         self.step = event.step
         handler(self, event)
-        if type(event) is not T.BlockFreed:
-            self.last_free = None
 
-    def apply_events(self, events: Iterable[T.Event | dict[str, Any]]) -> None:
+    def apply_events(self, events: Iterable[Event | dict[str, Any]]) -> None:
         """Fold ``events`` in order, in place."""
         for e in events:
             self.apply_event(e)
@@ -100,48 +90,22 @@ class PoolState:
         """Fold a StepRecord's events; the state's step becomes the record's."""
         self.apply_events(record.events)
         self.step = record.step
-        self.last_free = None  # a cow_copy never pairs with a release from an earlier step
 
     # ---- output ------------------------------------------------------------
 
-    def block_fill(self) -> list[int]:
-        """Filled slots per block, by the snapshot's definition."""
-        bs = self.block_size
-        fill = [bs if (self.ref[i] == 0 and self.hash[i] is not None) else 0
-                for i in range(self.num_blocks)]
-        for r in self.requests.values():
-            c = r.num_computed_tokens
-            for i, b in enumerate(r.table):
-                if b is not None:
-                    f = min(max(c - i * bs, 0), bs)
-                    if f > fill[b]:
-                        fill[b] = f
-        return fill
+    def to_snapshot(self) -> PoolSnapshot:
+        """The snapshot of this state (fresh values; safe to hand out)."""
+        return PoolSnapshot.build(self.step, self.block_size, self.ref, self.hash,
+                                  self.block_tokens, self.free,
+                                  (r.view(rid) for rid, r in self.requests.items()))
 
-    def to_snapshot(self) -> dict[str, Any]:
-        """The snapshot dict (fresh lists; safe to hand out)."""
-        for rid, r in self.requests.items():
-            if None in r.table:
-                raise ImpossibleEventError(f"request {rid!r}: a block was released from the "
-                                           f"middle of its table with no cow_copy to refill it")
-        fill = self.block_fill()
-        return {
-            "step": self.step,
-            "block_size": self.block_size,
-            "num_blocks": self.num_blocks,
-            "blocks": [{"id": i, "ref_count": self.ref[i], "hash": self.hash[i],
-                        "num_tokens": fill[i],
-                        "token_ids": list(t) if (t := self.block_tokens[i]) is not None else None}
-                       for i in range(self.num_blocks)],
-            "free_queue": list(self.free),
-            "requests": {rid: {"status": r.status, "block_table": list(r.table),
-                               "num_tokens": r.num_tokens,
-                               "num_computed_tokens": r.num_computed_tokens,
-                               "num_cached_tokens": r.num_cached_tokens,
-                               "token_ids": list(r.token_ids), "parent_id": r.parent_id,
-                               "arrival_index": r.arrival_index}
-                         for rid, r in self.requests.items()},
-        }
+    def summary(self) -> PoolSummary:
+        """``to_snapshot().summary()`` without building the snapshot."""
+        return PoolSummary.from_tables(
+            self.step, self.block_size, self.num_blocks, len(self.free),
+            sum(1 for b in self.free if self.hash[b] is not None),
+            [(r.table, r.num_computed_tokens) for r in self.requests.values()],
+            [r.status for r in self.requests.values()])
 
     def check(self, statuses: bool = True) -> None:
         """Assert invariants: refs = table occurrences, free queue = ref-0 blocks and
@@ -149,9 +113,12 @@ class PoolState:
         counts = [0] * self.num_blocks
         for rid, r in self.requests.items():
             for b in r.table:
-                if b is not None:
-                    counts[b] += 1
-            if statuses and r.status in (WAITING, PREEMPTED) and r.table:
+                if not (isinstance(b, int) and 0 <= b < self.num_blocks):
+                    raise ImpossibleEventError(f"request {rid!r} holds block {b!r}, not in a "
+                                               f"pool of {self.num_blocks}")
+                counts[b] += 1
+            if statuses and r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) \
+                    and r.table:
                 raise ImpossibleEventError(f"{r.status} request {rid!r} holds blocks {r.table}")
         if counts != self.ref:
             bad = [i for i in range(self.num_blocks) if counts[i] != self.ref[i]]

@@ -8,21 +8,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WAITING, RUNNING, PREEMPTED = "waiting", "running", "preempted"
+from engine.events.pool_snapshot import RequestView
+from engine.events.request_status import RequestStatus
 
 
 @dataclass(slots=True, eq=False)
 class RequestState:
-    """A request's folded fields, in the snapshot's ``requests[rid]`` terms."""
+    """A request's folded fields, in ``RequestView`` terms."""
 
-    status: str
-    table: list  # physical ids; None marks a hole awaiting its cow_copy
+    status: RequestStatus
+    table: list[int]  # physical block ids by logical index
     num_tokens: int
     num_computed_tokens: int
     num_cached_tokens: int
     token_ids: list[int]
     parent_id: str | None
     arrival_index: int
+
+    @classmethod
+    def from_view(cls, r: RequestView) -> RequestState:
+        return cls(r.status, list(r.block_table), r.num_tokens, r.num_computed_tokens,
+                   r.num_cached_tokens, list(r.token_ids or ()), r.parent_id, r.arrival_index)
+
+    def view(self, request_id: str) -> RequestView:
+        return RequestView(request_id, self.status, tuple(self.table), self.num_tokens,
+                           self.num_computed_tokens, self.num_cached_tokens,
+                           tuple(self.token_ids), self.parent_id, self.arrival_index)
 
     def copy(self) -> RequestState:
         """An independent copy (fresh table and token list)."""

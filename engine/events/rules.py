@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.events import types as T
-from engine.events.request_state import PREEMPTED, RUNNING, WAITING, RequestState
+from engine.events.request_state import RequestState
+from engine.events.request_status import RequestStatus
+from engine.events.types import (
+    BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, Event, EvictionReason,
+    PrefixCacheReset, PrefixHit, PrefixLookup, RequestArrived, RequestFinished, RequestForked,
+    RequestPreempted, RequestProgress, RequestScheduled,
+)
 
 if TYPE_CHECKING:
     from engine.events.pool_state import PoolState
@@ -23,21 +28,21 @@ class ImpossibleEventError(ValueError):
 
 # ---- checks and reference moves shared by the rules -------------------------
 
-def _req(s: PoolState, e: T.Event, rid: str) -> RequestState:
+def _req(s: PoolState, e: Event, rid: str) -> RequestState:
     r = s.requests.get(rid)
     if r is None:
         raise ImpossibleEventError(f"{e.type} at step {e.step}: unknown request {rid!r}")
     return r
 
 
-def _block(s: PoolState, e: T.Event, b: int) -> int:
+def _block(s: PoolState, e: Event, b: int) -> int:
     if not isinstance(b, int) or not 0 <= b < s.num_blocks:
         raise ImpossibleEventError(f"{e.type} at step {e.step}: no block {b!r} "
                                    f"(pool has {s.num_blocks})")
     return b
 
 
-def _take_fresh(s: PoolState, e: T.Event, b: int) -> None:
+def _take_fresh(s: PoolState, e: Event, b: int) -> None:
     """A free, hashless block gets its first reference (allocation or cow dst)."""
     _block(s, e, b)
     if s.ref[b] != 0:
@@ -50,7 +55,7 @@ def _take_fresh(s: PoolState, e: T.Event, b: int) -> None:
     s.ref[b] = 1
 
 
-def _touch(s: PoolState, e: T.Event, b: int) -> None:
+def _touch(s: PoolState, e: Event, b: int) -> None:
     """Add a reference to an existing block (hit or fork)."""
     _block(s, e, b)
     if s.ref[b] == 0:
@@ -60,7 +65,7 @@ def _touch(s: PoolState, e: T.Event, b: int) -> None:
 
 # ---- block events ------------------------------------------------------------
 
-def _allocated(s: PoolState, e: T.BlockAllocated) -> None:
+def _allocated(s: PoolState, e: BlockAllocated) -> None:
     r = _req(s, e, e.request_id)
     if e.logical_index != len(r.table):
         raise ImpossibleEventError(f"block_allocated at step {e.step}: {e.request_id!r} has "
@@ -69,30 +74,24 @@ def _allocated(s: PoolState, e: T.BlockAllocated) -> None:
     r.table.append(e.block)
 
 
-def _freed(s: PoolState, e: T.BlockFreed) -> None:
+def _freed(s: PoolState, e: BlockFreed) -> None:
     b = _block(s, e, e.block)
     r = _req(s, e, e.request_id)
     if s.ref[b] - 1 != e.ref_count or s.ref[b] == 0:
         raise ImpossibleEventError(f"block_freed at step {e.step}: block {b} has ref_count "
                                    f"{s.ref[b]}, event says it drops to {e.ref_count}")
-    if r.table and r.table[-1] == b:  # the usual case: tables are freed tail first
-        idx = len(r.table) - 1
-        r.table.pop()
-    elif b in r.table:
-        idx = r.table.index(b)
-        r.table[idx] = None  # keep later indices stable; a cow_copy refills it
-    else:
-        raise ImpossibleEventError(f"block_freed at step {e.step}: block {b} is not in "
-                                   f"{e.request_id!r}'s table {r.table}")
+    if not r.table or r.table[-1] != b:  # tables are released tail first
+        raise ImpossibleEventError(f"block_freed at step {e.step}: block {b} is not the last "
+                                   f"block of {e.request_id!r}'s table {r.table}")
+    r.table.pop()
     s.ref[b] -= 1
     if s.ref[b] == 0:
         s.free[b] = None
         if s.hash[b] is None:
             s.free.move_to_end(b, last=False)  # hashless: reused first
-    s.last_free = (e.request_id, b, idx)
 
 
-def _cached(s: PoolState, e: T.BlockCached) -> None:
+def _cached(s: PoolState, e: BlockCached) -> None:
     b = _block(s, e, e.block)
     if s.ref[b] == 0:
         raise ImpossibleEventError(f"block_cached at step {e.step}: block {b} is free")
@@ -102,18 +101,21 @@ def _cached(s: PoolState, e: T.BlockCached) -> None:
     s.block_tokens[b] = tuple(e.token_ids)
 
 
-def _evicted(s: PoolState, e: T.BlockEvicted) -> None:
-    # In-use blocks may lose their hash too (a prefix-cache reset forgets every
-    # hash); the block keeps its place in the free queue either way.
+def _evicted(s: PoolState, e: BlockEvicted) -> None:
+    # In-use blocks may lose their hash too (a reset or a rollback); the block
+    # keeps its place (free queue or tables) whatever the reason.
     b = _block(s, e, e.block)
     if s.hash[b] != e.hash:
         raise ImpossibleEventError(f"block_evicted at step {e.step}: block {b} holds hash "
                                    f"{s.hash[b]!r}, event evicts {e.hash!r}")
+    if e.reason is EvictionReason.REUSE and s.ref[b] != 0:
+        raise ImpossibleEventError(f"block_evicted (reuse) at step {e.step}: block {b} has "
+                                   f"ref_count {s.ref[b]}; only a free block is reused")
     s.hash[b] = None
     s.block_tokens[b] = None
 
 
-def _prefix_hit(s: PoolState, e: T.PrefixHit) -> None:
+def _prefix_hit(s: PoolState, e: PrefixHit) -> None:
     r = _req(s, e, e.request_id)
     if r.table:
         raise ImpossibleEventError(f"prefix_hit at step {e.step}: {e.request_id!r} already "
@@ -128,33 +130,30 @@ def _prefix_hit(s: PoolState, e: T.PrefixHit) -> None:
     r.num_cached_tokens = r.num_computed_tokens = e.num_tokens
 
 
-def _prefix_lookup(s: PoolState, e: T.PrefixLookup) -> None:
+def _prefix_lookup(s: PoolState, e: PrefixLookup) -> None:
     # The lookup is recorded at admission, before its prefix_hit (if any).
     r = _req(s, e, e.request_id)
     r.num_cached_tokens = r.num_computed_tokens = e.num_hit_tokens
 
 
-def _cow(s: PoolState, e: T.CowCopy) -> None:
+def _cow(s: PoolState, e: CowCopy) -> None:
     r = _req(s, e, e.request_id)
-    i, src = e.logical_index, e.src
-    _block(s, e, src)
-    if i < len(r.table) and r.table[i] == src:
-        if s.ref[src] < 2:
-            raise ImpossibleEventError(f"cow_copy at step {e.step}: src block {src} has "
-                                       f"ref_count {s.ref[src]}, copy-on-write needs > 1")
-        s.ref[src] -= 1  # the request's reference moves from src to dst
-    elif s.last_free != (e.request_id, src, i):
+    i, src = e.logical_index, _block(s, e, e.src)
+    if not (0 <= i < len(r.table) and r.table[i] == src):
         raise ImpossibleEventError(f"cow_copy at step {e.step}: {e.request_id!r} does not hold "
                                    f"src block {src} at logical index {i} ({r.table})")
-    # else: the engine released src with a block_freed just before; nothing to drop.
+    if s.ref[src] < 2:
+        raise ImpossibleEventError(f"cow_copy at step {e.step}: src block {src} has "
+                                   f"ref_count {s.ref[src]}, copy-on-write needs > 1")
+    if s.ref[src] - 1 != e.src_ref_count:
+        raise ImpossibleEventError(f"cow_copy at step {e.step}: src block {src} has ref_count "
+                                   f"{s.ref[src]}, event says it drops to {e.src_ref_count}")
     _take_fresh(s, e, e.dst)
-    if i == len(r.table):
-        r.table.append(e.dst)
-    else:
-        r.table[i] = e.dst
+    s.ref[src] -= 1  # the request's reference moves from src to dst
+    r.table[i] = e.dst
 
 
-def _cache_reset(s: PoolState, e: T.PrefixCacheReset) -> None:
+def _cache_reset(s: PoolState, e: PrefixCacheReset) -> None:
     stale = [b for b in s.free if s.hash[b] is not None]
     if stale:
         raise ImpossibleEventError(f"prefix_cache_reset at step {e.step}: free blocks {stale} "
@@ -163,14 +162,14 @@ def _cache_reset(s: PoolState, e: T.PrefixCacheReset) -> None:
 
 # ---- request events ----------------------------------------------------------
 
-def _arrived(s: PoolState, e: T.RequestArrived) -> None:
+def _arrived(s: PoolState, e: RequestArrived) -> None:
     if e.request_id in s.requests:
         raise ImpossibleEventError(f"request_arrived at step {e.step}: {e.request_id!r} exists")
-    s.requests[e.request_id] = RequestState(WAITING, [], e.num_prompt_tokens, 0, 0,
-                                            list(e.prompt_token_ids), None, e.arrival_index)
+    s.requests[e.request_id] = RequestState(RequestStatus.WAITING, [], e.num_prompt_tokens, 0,
+                                            0, list(e.prompt_token_ids), None, e.arrival_index)
 
 
-def _forked(s: PoolState, e: T.RequestForked) -> None:
+def _forked(s: PoolState, e: RequestForked) -> None:
     if e.request_id in s.requests:
         raise ImpossibleEventError(f"request_forked at step {e.step}: {e.request_id!r} exists")
     for b in e.blocks:
@@ -178,31 +177,32 @@ def _forked(s: PoolState, e: T.RequestForked) -> None:
     # A table implies running (waiting/preempted requests hold no blocks); the child
     # inherits its parent's prefix-cache credit, as the engine's Request.fork does.
     parent = s.requests.get(e.parent_id)
-    s.requests[e.request_id] = RequestState(RUNNING if e.blocks else WAITING, list(e.blocks),
+    status = RequestStatus.RUNNING if e.blocks else RequestStatus.WAITING
+    s.requests[e.request_id] = RequestState(status, list(e.blocks),
                                             e.num_tokens, e.num_computed_tokens,
                                             parent.num_cached_tokens if parent else 0,
                                             list(e.token_ids), e.parent_id, e.arrival_index)
 
 
-def _scheduled(s: PoolState, e: T.RequestScheduled) -> None:
-    _req(s, e, e.request_id).status = RUNNING
+def _scheduled(s: PoolState, e: RequestScheduled) -> None:
+    _req(s, e, e.request_id).status = RequestStatus.RUNNING
 
 
-def _progress(s: PoolState, e: T.RequestProgress) -> None:
+def _progress(s: PoolState, e: RequestProgress) -> None:
     r = _req(s, e, e.request_id)
     r.num_tokens, r.num_computed_tokens = e.num_tokens, e.num_computed_tokens
     r.token_ids.extend(e.new_token_ids)
 
 
-def _preempted(s: PoolState, e: T.RequestPreempted) -> None:
+def _preempted(s: PoolState, e: RequestPreempted) -> None:
     r = _req(s, e, e.request_id)
     if r.table:
         raise ImpossibleEventError(f"request_preempted at step {e.step}: {e.request_id!r} still "
                                    f"holds blocks {r.table} (block_freed events must precede)")
-    r.status, r.num_computed_tokens = PREEMPTED, 0
+    r.status, r.num_computed_tokens = RequestStatus.PREEMPTED, 0
 
 
-def _finished(s: PoolState, e: T.RequestFinished) -> None:
+def _finished(s: PoolState, e: RequestFinished) -> None:
     r = _req(s, e, e.request_id)
     if r.table:
         raise ImpossibleEventError(f"request_finished at step {e.step}: {e.request_id!r} still "
@@ -211,9 +211,9 @@ def _finished(s: PoolState, e: T.RequestFinished) -> None:
 
 
 HANDLERS = {
-    T.BlockAllocated: _allocated, T.BlockFreed: _freed, T.BlockCached: _cached,
-    T.BlockEvicted: _evicted, T.PrefixHit: _prefix_hit, T.PrefixLookup: _prefix_lookup,
-    T.CowCopy: _cow, T.PrefixCacheReset: _cache_reset, T.RequestArrived: _arrived,
-    T.RequestForked: _forked, T.RequestScheduled: _scheduled, T.RequestProgress: _progress,
-    T.RequestPreempted: _preempted, T.RequestFinished: _finished,
+    BlockAllocated: _allocated, BlockFreed: _freed, BlockCached: _cached,
+    BlockEvicted: _evicted, PrefixHit: _prefix_hit, PrefixLookup: _prefix_lookup,
+    CowCopy: _cow, PrefixCacheReset: _cache_reset, RequestArrived: _arrived,
+    RequestForked: _forked, RequestScheduled: _scheduled, RequestProgress: _progress,
+    RequestPreempted: _preempted, RequestFinished: _finished,
 }

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.events.legacy import upgrade_events
 from engine.events.types import Event, event_from_dict
 
 
@@ -31,9 +32,11 @@ class StepRecord:
             raise ValueError(f"seq must be an integer >= 0, got {self.seq!r}")
         if not isinstance(self.step, int) or self.step < 0:
             raise ValueError(f"step must be an integer >= 0, got {self.step!r}")
-        # Events may still be dicts when built by hand; normalise once here so
-        # every reader sees typed events.
-        self.events = [e if isinstance(e, Event) else event_from_dict(e) for e in self.events]
+        # Events may still be dicts (decoded JSON, or built by hand); normalise once
+        # here so every reader sees typed v2 events (v1 bodies are upgraded).
+        if not all(isinstance(e, Event) for e in self.events):
+            dicts = [e.to_dict() if isinstance(e, Event) else e for e in self.events]
+            self.events = [event_from_dict(e) for e in upgrade_events(dicts)]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict: events as their ``to_dict`` form."""
@@ -52,7 +55,7 @@ class StepRecord:
             seq=int(d["seq"]),
             step=int(d["step"]),
             ts=float(d["ts"]),
-            events=[event_from_dict(e) for e in d.get("events", ())],
+            events=list(d.get("events", ())),
             metrics=dict(d.get("metrics") or {}),
         )
 

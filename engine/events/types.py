@@ -1,40 +1,71 @@
-"""Protocol v1 event types: every block and request state change the core makes.
+"""Protocol v2 event types: every block and request state change the core makes.
 
 Plain Python (no torch). Each event is a frozen dataclass with a ``type`` tag and
 the engine ``step`` it happened in; ``to_dict``/``event_from_dict`` give the JSON
 round trip. Events are atomic operations on the pool, so a pure reducer can
-rebuild the engine's exact state from them (see ``engine.events.reducer``).
+rebuild the engine's exact state from them (see ``engine.events.reducer``), and
+each carries its own cause: no reader has to guess from neighbouring events.
 
 Semantics the reducer relies on (writer: ``engine.core``):
 - ``block_allocated``: the block leaves the free queue (wherever it sits), gets
   ref_count 1 and is appended to ``request_id``'s table at ``logical_index``. If
-  it held a cached hash, a ``block_evicted`` for it comes first.
-- ``block_freed``: ``request_id`` dropped one reference; ``ref_count`` is the new
-  count. At 0 the block joins the free queue: at the tail if it still has a hash
-  (evictable, LRU), at the head if it has none (reused first).
+  it held a cached hash, a ``block_evicted`` (reason ``reuse``) for it comes first.
+- ``block_freed``: ``request_id`` dropped its reference to the LAST block of its
+  table (tables are released tail first); ``ref_count`` is the new count. At 0 the
+  block joins the free queue: at the tail if it still has a hash (evictable,
+  LRU), at the head if it has none (reused first).
 - ``block_cached``: a full block got its chained hash; it stays hittable until
   evicted. ``token_ids`` are the block's tokens.
-- ``block_evicted``: the hash is dropped (block reused, or prefix cache reset).
+- ``block_evicted``: the block's hash is dropped; the block keeps its place (free
+  queue or tables). ``reason`` says why (``EvictionReason``): ``reuse`` (an LRU
+  eviction: the free block is being allocated; vLLM's BlockRemoved), ``reset``
+  (a prefix-cache reset dropped every hash; a ``prefix_cache_reset`` follows the
+  step's reset evictions; vLLM's AllBlocksCleared) or ``rollback`` (the step's
+  forward failed, so hashes given at schedule time for K/V it never wrote are
+  withdrawn).
+- ``prefix_lookup``: one lookup at admission (see the class).
 - ``prefix_hit``: ``blocks`` become the first entries of the request's table;
   each gains a reference (leaving the free queue if its count was 0).
 - ``request_forked``: a copy-on-write fork; the child's table is ``blocks`` (the
   parent's, including the partial last block), each gaining a reference.
-- ``cow_copy``: before writing into shared ``src`` (ref > 1) at
-  ``logical_index``, the request got fresh ``dst`` from the free queue (ref 1)
-  in place of ``src``. The request's reference to ``src`` is dropped by the
-  ``block_freed`` (src, new ref >= 1) that comes right before this event. The
-  runner copies src → dst before the step's forward.
+- ``cow_copy``: self-contained. Before writing into shared ``src`` (ref > 1) at
+  ``logical_index``, the request got fresh ``dst`` from the free queue (ref 1; a
+  ``block_evicted``, reason ``reuse``, comes first if dst held a hash) in its
+  table's place; its reference to ``src`` is dropped, leaving
+  ``src_ref_count`` (>= 1, so src never becomes free here). No ``block_freed``
+  accompanies it. The runner copies src → dst before the step's forward.
+- ``request_scheduled``: ``phase`` is a ``ScheduledPhase``.
 - ``request_progress``: absolute ``num_tokens``/``num_computed_tokens`` after the
   step's update, plus the tokens appended this step.
+
+Version 2 (this one) added ``block_evicted.reason``, ``cow_copy.src_ref_count``
+(no ``block_freed`` before it any more) and ``prefix_lookup.resumed``;
+``engine.events.legacy`` upgrades version 1 step bodies on decode.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import enum
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+
+
+class ScheduledPhase(enum.StrEnum):
+    """What a step's tokens of one request are: prompt (or recompute) chunk, or one decode."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class EvictionReason(enum.StrEnum):
+    """Why a block lost its hash (``block_evicted.reason``); see the module docstring."""
+
+    REUSE = "reuse"
+    RESET = "reset"
+    ROLLBACK = "rollback"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +77,11 @@ class Event:
         d = {"type": self.type}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            d[f.name] = list(v) if isinstance(v, tuple) else v
+            if isinstance(v, tuple):
+                v = list(v)
+            elif isinstance(v, enum.Enum):
+                v = v.value  # a plain string on the wire
+            d[f.name] = v
         return d
 
 
@@ -82,6 +117,10 @@ class BlockEvicted(Event):
     type: ClassVar[str] = "block_evicted"
     block: int
     hash: str
+    reason: EvictionReason = EvictionReason.REUSE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", EvictionReason(self.reason))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +135,12 @@ class PrefixHit(Event):
 class PrefixLookup(Event):
     """One prefix-cache lookup at admission, with misses split by cause (tokens).
 
+    ``num_query_tokens`` is the request's token count at the lookup;
     ``num_query_tokens == num_hit_tokens + miss_cold + miss_evicted + miss_partial
-    + miss_disabled`` always holds.
+    + miss_disabled`` always holds. With prefix caching off nothing is looked up:
+    every token is ``miss_disabled`` (and nothing else is). ``resumed``: the request
+    was preempted before (vLLM's ``request.num_preemptions > 0``), so this lookup
+    re-finds what it computed itself and is counted apart from first admissions.
     """
 
     type: ClassVar[str] = "prefix_lookup"
@@ -108,6 +151,23 @@ class PrefixLookup(Event):
     miss_evicted: int
     miss_partial: int
     miss_disabled: int
+    resumed: bool = False
+
+    def __post_init__(self) -> None:
+        parts = (self.num_hit_tokens, self.miss_cold, self.miss_evicted, self.miss_partial,
+                 self.miss_disabled)
+        if min(parts) < 0 or sum(parts) != self.num_query_tokens:
+            raise ValueError(f"prefix_lookup of {self.request_id!r}: hits and misses {parts} do "
+                             f"not add up to {self.num_query_tokens} query tokens")
+        if self.miss_disabled not in (0, self.num_query_tokens):
+            raise ValueError(f"prefix_lookup of {self.request_id!r}: with prefix caching off "
+                             f"every token is a disabled miss, got {self.miss_disabled} of "
+                             f"{self.num_query_tokens}")
+
+    @property
+    def caching_enabled(self) -> bool:
+        """False when prefix caching was off: then nothing was queried (vLLM counts nothing)."""
+        return self.miss_disabled == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +177,13 @@ class CowCopy(Event):
     src: int
     dst: int
     logical_index: int
+    src_ref_count: int  # src's count after this request's reference moved to dst (>= 1)
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixCacheReset(Event):
-    """Every cached block, free or in use, lost its hash (block_evicted events precede it)."""
+    """Every cached block, free or in use, lost its hash (its block_evicted events,
+    reason ``reset``, precede this one in the same step)."""
 
     type: ClassVar[str] = "prefix_cache_reset"
 
@@ -154,8 +216,11 @@ class RequestScheduled(Event):
     type: ClassVar[str] = "request_scheduled"
     request_id: str
     num_tokens: int
-    phase: str  # "prefill" | "decode"
+    phase: ScheduledPhase
     num_computed_tokens: int = 0  # before this step's tokens
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", ScheduledPhase(self.phase))
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +256,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
 
 
 def event_from_dict(d: dict[str, Any]) -> Event:
-    """Inverse of ``Event.to_dict``; raises ValueError on an unknown type."""
+    """Inverse of ``Event.to_dict``; raises ValueError on an unknown type, a missing
+    field or a field value the event rejects (a v1 body goes through
+    ``engine.events.legacy`` first; ``StepRecord`` does that)."""
     try:
         cls = EVENT_TYPES[d["type"]]
     except KeyError as exc:
@@ -201,4 +268,7 @@ def event_from_dict(d: dict[str, Any]) -> Event:
         if f.name in d:
             v = d[f.name]
             kwargs[f.name] = tuple(v) if isinstance(v, list) else v
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required field is missing
+        raise ValueError(f"bad {cls.type} event {d!r}: {exc}") from exc

@@ -1,8 +1,11 @@
 """The OpenAI-compatible HTTP API on the serve port (``/v1/...``), through the same engine.
 
-Every API request is submitted to the engine thread like a websocket ``submit``
-(same events, same recording, with source ``openai``); only the shape of what comes
-back differs. Pure Python except ``routes`` (Starlette).
+Every API request is submitted to the engine thread as the same protocol ``Submit``
+op as a websocket ``submit``, by a Sink of its own (``engine.server.sink``): same
+events, same recording, with source ``openai``; only the shape of what comes back
+differs. Pure Python, no I/O: the formats only. The front door that serves them (the
+Starlette routes and the API call's Sink) is ``engine.server.api_routes`` and
+``engine.server.api_desk``, so the server imports this package and not the reverse.
 
 Modules:
 - ``errors``: ``ApiError`` and OpenAI's error body; the engine's error codes → HTTP status.
@@ -11,7 +14,5 @@ Modules:
 - ``response``: the JSON bodies and stream chunks (completions and chat), usage, logprobs.
 - ``sse``: server-sent events framing.
 - ``token_strings``: token ids → the strings and bytes logprobs show.
-- ``desk``: ``ApiDesk`` and ``Exchange``, one HTTP request's link to the engine thread.
-- ``routes``: the Starlette routes.
 - ``snippets``: copy-paste client code for a running server (Submit page, README).
 """

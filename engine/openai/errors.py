@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.server.protocol import Error, ErrorCode as E
+from engine.protocol.errors import ErrorCode as E
+from engine.protocol.messages import Error
 
 INVALID = "invalid_request_error"
 
@@ -44,7 +45,7 @@ def bad(message: str, param: str | None = None, code: str = "invalid_value") -> 
     return ApiError(400, message, INVALID, param, code)
 
 
-# The engine thread's error codes (protocol v1) as HTTP errors.
+# The engine thread's error codes (protocol v2) as HTTP errors.
 _FROM_ENGINE = {
     E.PROMPT_TOO_LONG: (400, INVALID, "context_length_exceeded"),
     E.BAD_PARAMS: (400, INVALID, "invalid_value"),

@@ -29,8 +29,6 @@ from engine.core.errors import SamplingParamsError
 from engine.core.sampling_params import SamplingParams
 from engine.openai.errors import ApiError, bad
 
-INT64 = (-(1 << 63), (1 << 63) - 1)
-
 # Known fields kvscope does not implement, with the value that means "off".
 _NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1,
             "logit_bias": {}, "suffix": "", "tools": [], "functions": [], "use_beam_search": False,
@@ -156,14 +154,15 @@ def _stream(b: _Body) -> tuple[bool, bool]:
 
 
 def _params(b: _Body, limits: ParseLimits, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    top_k = b.integer("top_k", 0, -1)
+    # Ranges are SamplingParams' own (seed, top_k, max_tokens, ...; top_k against the
+    # vocabulary at admission), so the API refuses exactly what the websocket does.
     kwargs = dict(
         n=b.integer("n", 1, 1, limits.max_n),
         temperature=b.number("temperature", 1.0),
         top_p=b.number("top_p", 1.0),
-        top_k=0 if top_k == -1 else top_k,
+        top_k=b.integer("top_k", 0),
         min_p=b.number("min_p", 0.0),
-        seed=b.integer("seed", None, *INT64),
+        seed=b.integer("seed", None),
         max_tokens=max_tokens,
         min_tokens=b.integer("min_tokens", 0, 0),
         stop=_stop(b),

@@ -7,7 +7,9 @@ printing it.
 
 from __future__ import annotations
 
-TOKEN_ENV = "KVSCOPE_TOKEN"  # as engine.server.security (not imported: this stays import-free)
+from engine.protocol.handshake import TOKEN_ENV
+
+__all__ = ["TOKEN_ENV", "curl_snippet", "python_snippet"]
 
 
 def python_snippet(base_url: str, model: str, token: bool = False) -> str:

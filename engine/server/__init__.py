@@ -1,21 +1,34 @@
-"""The server that owns one live engine (websockets + the OpenAI API on one port), and its clients.
+"""The server that owns one live engine: the websocket and OpenAI front doors, /healthz, /metrics.
 
-Kept free of imports on purpose: the dashboard imports ``engine.server.client``
-and ``engine.server.live``, which must not pull in torch or the model. The
-server side (``app``, ``engine_loop``) imports them only when a server starts.
+Kept free of imports on purpose: ``engine.server.commands`` is imported for every
+CLI command, and the server side (``app``, ``engine_loop``) pulls in torch and the
+model only when a server starts. The wire format is ``engine.protocol``; the
+clients are ``engine.client``.
 
 Modules:
-- ``protocol``: wire format v1 (ops in, messages out, error codes). Pure Python.
-- ``engine_commands``: typed commands into the engine thread and deliveries out.
+- ``sink``: ``Sink``, where the engine thread's answers for one front-door client go.
+- ``mailbox``: letters (sink + op or lifecycle command) into the engine thread,
+  deliveries out.
 - ``engine_loop``: the engine thread (the only code that touches the LLMEngine).
-- ``request_book``: which connection owns each live request; in-flight limits.
+- ``engine_restart``: rebuilding the engine for ``restart``, within the operator's limits.
+- ``request_book``: which sink owns each live request; in-flight and ``n`` limits.
+- ``output_messages``: a RequestOutput as ``output``/``finished`` messages.
+- ``hub``: the websocket front door on the event-loop thread: frames → ops →
+  mailbox; deliveries → sinks and subscribers.
+- ``ws_connection``: ``ClientConn``, one websocket client as a Sink.
 - ``outbox``: a client's outgoing queue (bounded step messages, replies first).
-- ``hub``: the connections on the event-loop thread; ops → commands, deliveries → outboxes.
-- ``http``: ``/healthz``, ``/metrics``, the websocket door and the token/Origin/loading gate.
-- ``prom``: the Prometheus registry (vLLM names).
+- ``step_history``: recent steps of the live run, and the answer to ``steps_since``.
+- ``http``: ``/healthz``, ``/metrics``, the websocket door and the token/Origin/loading gate
+  (Starlette routes).
+- ``api_routes``: the OpenAI API's routes (``/v1/...``, ``/reset_prefix_cache``), in the
+  formats of ``engine.openai``.
+- ``api_desk``: ``ApiDesk`` and ``Exchange``, one OpenAI API call as a Sink.
+- ``ws_adapter``: the websocket route's connection as the Hub uses it (uvicorn's
+  websockets-sansio protocol, with the transport reached).
+- ``health``: loading → ready → stopping, as ``/healthz`` reports it.
+- ``prom``: the Prometheus registry (vLLM's names and labels); ``metrics``: its families.
 - ``security``: bind policy and token checks.
-- ``app``: ``KVScopeServer`` and ``ServerOptions``: assemble (Starlette on uvicorn), run, shut down.
-- ``ws_adapter``: the websocket route's connection as the Hub uses it (uvicorn websockets-sansio).
-- ``client``: ``KVScopeClient`` (synchronous); ``live``: ``LiveConnection`` (background thread).
-- ``commands``: ``kvscope serve`` and ``kvscope submit``.
+- ``app``: ``KVScopeServer`` and ``ServerOptions``: assemble (Starlette on uvicorn, one
+  port), run, shut down.
+- ``commands``: ``kvscope serve``.
 """

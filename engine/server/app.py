@@ -1,11 +1,11 @@
 """KVScopeServer: one engine thread + one HTTP/websocket server (uvicorn) on one port.
 
-The port answers the websocket protocol v1 (the dashboard, ``kvscope submit``),
+The port answers the websocket protocol v2 (the dashboard, ``kvscope submit``),
 ``/healthz``, ``/metrics`` and the OpenAI API (``/v1/models``, ``/v1/completions``,
 ``/v1/chat/completions``, ``/reset_prefix_cache``): a Starlette app on uvicorn, whose
-websockets run on the ``websockets`` package (sans-I/O). Both front doors send typed
-commands to the one engine thread and get deliveries back; ``_deliver`` hands those
-addressed to an API exchange to the ApiDesk and the rest to the Hub.
+websockets run on the ``websockets`` package (sans-I/O). Both front doors are sinks
+of the one engine thread's mailbox (a websocket connection, an API call): they send
+protocol ops, and ``Hub.deliver`` hands each answer to its sink, whichever door.
 
 The port is bound at once and the model loads in the background (``/healthz``
 says ``loading``; websocket handshakes and API calls get 503 until it is ready).
@@ -36,16 +36,17 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
 from engine.config import EngineConfig
-from engine.openai.desk import ApiDesk
 from engine.openai.errors import ApiError
 from engine.openai.request import ParseLimits
-from engine.openai.routes import ApiContext, api_routes, error_response
-from engine.server import engine_commands as C
+from engine.server.api_desk import ApiDesk
+from engine.server.api_routes import ApiContext, api_routes, error_response
 from engine.server.engine_loop import EngineFactory, EngineWorker
 from engine.server.health import Health, HealthBoard, Status
 from engine.server.http import Gate, not_found
 from engine.server.hub import Hub, HubLimits
+from engine.server.mailbox import Delivery, Mailbox, Shutdown
 from engine.server.prom import ServerMetrics
+from engine.server.request_book import MAX_N
 from engine.server.security import BindRefused, check_bind
 from engine.server.ws_adapter import TransportWebSocketProtocol
 
@@ -70,11 +71,21 @@ class ServerOptions:
     max_in_flight_per_conn: int = 64
     max_pending_ops: int = 1024  # client ops queued for the engine thread, all connections
     step_buffer: int = 256
+    step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
     ping_interval: float | None = 20.0
     engine_factory: EngineFactory | None = None  # tests: control how (and when) the engine loads
+    # vLLM's --served-model-name: the names the API answers to; the first labels the
+    # metrics (model_name). Empty: the model's name (--model), as in vLLM.
+    served_model_name: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer"):
+        names = self.served_model_name
+        names = (names,) if isinstance(names, str) else names
+        if not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"served_model_name must be non-empty names, got {self.served_model_name!r}")
+        object.__setattr__(self, "served_model_name", tuple(names))
+        for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer",
+                     "step_history"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -82,12 +93,17 @@ class ServerOptions:
             raise ValueError(f"port must be in 0..65535, got {self.port!r}")
         check_bind(self.host, self.allow_remote, self.token)
 
+    @property
+    def model_name(self) -> str:
+        """The served model name: the first --served-model-name, else --model."""
+        return self.served_model_name[0] if self.served_model_name else self.engine.model
+
     def limits(self) -> dict[str, Any]:
         """The bounds a client may want to know (sent in ``hello.limits``)."""
         return {"max_frame_bytes": self.max_frame_bytes,
                 "max_in_flight_per_connection": self.max_in_flight_per_conn,
                 "max_queue": self.engine.max_waiting, "step_buffer": self.step_buffer,
-                "max_n": HubLimits().max_n}
+                "max_n": MAX_N}
 
 
 class KVScopeServer:
@@ -95,15 +111,16 @@ class KVScopeServer:
         self.options = options
         self.port: int | None = None
         self.board = HealthBoard(options.engine.model)
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(options.model_name)
         self.metrics.watch_config(lambda: self.board.current.config)
-        self.commands = C.CommandQueue(options.max_pending_ops)
-        self.hub = Hub(self.commands, self.metrics,
-                       HubLimits(options.max_frame_bytes, options.step_buffer))
-        self.desk = ApiDesk(self.commands, self._engine_alive)
+        self.mailbox = Mailbox(options.max_pending_ops)
+        self.hub = Hub(self.mailbox, self.metrics,
+                       HubLimits(options.max_frame_bytes, options.step_buffer, options.step_history))
+        self.desk = ApiDesk(self.mailbox, self._engine_alive)
         self.gate = Gate(self.board, self.metrics, options.token,
                          lambda: {"connections": len(self.hub.conns),
                                   "api_calls": len(self.desk.exchanges),
+                                  "served_model_name": options.model_name,
                                   "uptime_s": round(time.time() - self.board.started, 3)})
         self.recorder: Any = None
         self.worker: EngineWorker | None = None
@@ -136,8 +153,8 @@ class KVScopeServer:
         """The one app behind the port: the server's own routes and the OpenAI API."""
         opts = self.options
         ctx = ApiContext(self.desk, self.board, self.gate,
-                         ParseLimits(max_n=HubLimits().max_n, max_prompts=opts.max_in_flight_per_conn),
-                         opts.max_frame_bytes, aliases=(opts.engine.model,))
+                         ParseLimits(max_n=MAX_N, max_prompts=opts.max_in_flight_per_conn),
+                         opts.max_frame_bytes, opts.served_model_name or (opts.engine.model,))
         return Starlette(routes=self.gate.routes(self.hub) + api_routes(ctx),
                          exception_handlers={ApiError: error_response, HTTPException: not_found})
 
@@ -190,9 +207,9 @@ class KVScopeServer:
                 loop.add_signal_handler(sig, stop.set)
         opts = self.options
 
-        def post(batch: list[C.Delivery]) -> None:
+        def post(batch: list[Delivery]) -> None:
             try:
-                loop.call_soon_threadsafe(self._deliver, batch)
+                loop.call_soon_threadsafe(self.hub.deliver, batch)
             except RuntimeError:
                 pass  # the loop has closed: we are past shutdown
 
@@ -207,10 +224,13 @@ class KVScopeServer:
         try:
             self.port = sock.getsockname()[1]
             if opts.record:
-                from engine.store import Recorder
+                from engine.store import Recorder, RunStore
 
                 self.recorder = Recorder(opts.db)
-            self.worker = EngineWorker(opts.engine, post, self.commands, self.board,
+                self.hub.history.store = RunStore(self.recorder.path)
+                self.board.watch_recorder(self.recorder.health)
+                self.metrics.watch_recorder(self.recorder.health)
+            self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board,
                                        self.recorder, opts.label, opts.max_in_flight_per_conn,
                                        opts.limits(), opts.engine_factory)
             self.worker.start()
@@ -230,25 +250,13 @@ class KVScopeServer:
                 log.info("kvscope: recorder closed (%s)", "complete" if ok else "INCOMPLETE")
         return 0
 
-    def _deliver(self, batch: list[C.Delivery]) -> None:
-        """One batch from the engine thread, in order: API exchanges' own to the desk,
-        everything else (websocket replies, steps, runs) to the Hub."""
-        rest = []
-        for d in batch:
-            if self.desk.takes(d):
-                self.desk.deliver(d)
-            else:
-                rest.append(d)
-        if rest:
-            self.hub.deliver(rest)
-
     async def _shutdown(self) -> None:
         log.info("kvscope: shutting down")
         self.hub.stopping = self.desk.stopping = self.gate.stopping = True
         worker = self.worker
         if worker is not None:
             worker.stop_requested.set()
-            self.commands.put(C.Shutdown(0))
+            self.mailbox.send_lifecycle(None, Shutdown())
             if self.board.current.status is not Status.LOADING:
                 await asyncio.to_thread(worker.join, 30.0)
         deadline = time.monotonic() + 1.0  # let final replies (finished/abort) reach clients

@@ -1,4 +1,5 @@
-"""``kvscope serve`` and ``kvscope submit`` (engine.cli registers them via add_server_subcommands).
+"""``kvscope serve`` (engine.cli registers it via add_server_subcommands; ``kvscope submit``
+is a client: engine.client.commands).
 
 Imports stay light here: the CLI builds its parser for every command, so the
 server (torch, the model) is imported only inside ``cmd_serve``.
@@ -7,7 +8,6 @@ server (torch, the model) is imported only inside ``cmd_serve``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -20,7 +20,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("serve", help="run one live engine behind a websocket and OpenAI API server",
                        description="Run one engine and stream its events over websockets "
-                                   "(protocol v1), with the OpenAI API (/v1/models, "
+                                   "(protocol v2), with the OpenAI API (/v1/models, "
                                    "/v1/completions, /v1/chat/completions), /healthz and "
                                    "/metrics on the same port.")
     add_engine_args(p)
@@ -32,6 +32,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                                               "or data/runs.sqlite)")
     g.add_argument("--no-record", dest="record", action="store_false", help="do not record the run")
     g.add_argument("--label", default=None, help="label of the recorded run")
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model name(s) the API answers to, as in vLLM; the first one is the "
+                        "model_name label of /metrics (default: --model)")
     g.add_argument("--allow-remote", action="store_true",
                    help=f"allow a non-loopback --host (clients must present {TOKEN_ENV})")
     g.add_argument("--max-queue", type=int, default=256,
@@ -44,26 +47,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def _add_submit(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("submit", help="send one prompt to a running server and stream the answer")
-    p.add_argument("prompt")
-    p.add_argument("--url", default="ws://127.0.0.1:8765")
-    p.add_argument("--token", default=None, help=f"server token (default ${TOKEN_ENV})")
-    p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
-    p.add_argument("--n", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append")
-    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a starting server")
-    p.add_argument("--json", action="store_true", help="print the finished message as JSON")
-    p.set_defaults(func=cmd_submit)
-
-
 def add_server_subcommands(sub: argparse._SubParsersAction) -> None:
     _add_serve(sub)
-    _add_submit(sub)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -82,7 +67,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              label=args.label, allow_remote=args.allow_remote,
                              token=os.environ.get(TOKEN_ENV) or None,
                              max_frame_bytes=args.max_frame_bytes,
-                             max_in_flight_per_conn=args.max_in_flight, step_buffer=args.step_buffer)
+                             max_in_flight_per_conn=args.max_in_flight, step_buffer=args.step_buffer,
+                             served_model_name=tuple(args.served_model_name or ()))
     except (BindRefused, KVScopeError, ValueError) as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2
@@ -98,43 +84,3 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:  # e.g. the port is taken
         print(f"kvscope serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
-
-
-def _figure(v: object, unit: str = "") -> str:
-    return "-" if v is None else (f"{v:.3f}{unit}" if isinstance(v, float) else f"{v}{unit}")
-
-
-def cmd_submit(args: argparse.Namespace) -> int:
-    from engine.server.client import KVScopeClient, ServerError
-
-    params = {"n": args.n, "temperature": args.temperature, "top_p": args.top_p,
-              "max_tokens": args.max_tokens, "seed": args.seed, "stop": args.stop or []}
-    kwargs = ({"messages": [{"role": "user", "content": args.prompt}]} if args.chat
-              else {"prompt": args.prompt})
-    client = KVScopeClient(args.url, token=args.token or os.environ.get(TOKEN_ENV))
-    try:
-        client.connect(wait=args.wait)
-        rid = client.submit(params=params, **kwargs)
-        finished: dict = {}
-        for msg in client.stream(rid):
-            if msg["type"] == "output" and msg["index"] == 0 and not args.json:
-                sys.stdout.write(msg["text_delta"])
-                sys.stdout.flush()
-            finished = msg
-    except (ServerError, OSError, TimeoutError) as exc:
-        print(f"\nkvscope submit: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-    if args.json:
-        print(json.dumps(finished))
-        return 0
-    print()
-    for out in finished["outputs"][1:]:
-        print(f"--- sample {out['index']}\n{out['text']}")
-    m = finished["metrics"]
-    reasons = ",".join(str(o["finish_reason"]) for o in finished["outputs"])
-    print(f"--- {rid}: finish={reasons} prompt_tokens={m.get('num_prompt_tokens')} "
-          f"cached_tokens={m.get('num_cached_tokens')} output_tokens={m.get('num_output_tokens')} "
-          f"ttft={_figure(m.get('ttft'), 's')} e2e={_figure(m.get('e2e'), 's')}")
-    return 0

@@ -1,9 +1,15 @@
 """EngineWorker: the one thread that owns the LLMEngine.
 
-It loads the model, then loops: take commands (blocking only when the engine has
-nothing to do, so an idle server sends no steps and burns no CPU), apply them,
-step while there is work (unfinished requests or events not yet published), and
-hand the results to the event loop as one batch of deliveries per iteration.
+It loads the model, then loops: take letters from the mailbox (blocking only
+when the engine has nothing to do, so an idle server sends no steps and burns no
+CPU), execute their commands, step while there is work (unfinished requests or
+events not yet published), and hand the results to the event loop as one batch
+of deliveries per iteration.
+
+A letter's command is the protocol op itself (or a lifecycle command); its
+answers are ``Reply``s to the letter's sink, whichever front door made it, so
+the websocket hub and the OpenAI HTTP API share this one entry; the sink's
+``source`` is recorded with each of its requests.
 
 Snapshots are taken only when no events are pending (right after a step, or when
 nothing happened since), so ``snapshot.seq`` is exact: the state equals the fold
@@ -15,55 +21,58 @@ board. Nothing else touches them.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig
-from engine.core import (
-    ConfigError, KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError,
-)
+from engine.config import EngineConfig
+from engine.core import KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError
 from engine.events.step import StepRecord
+from engine.events.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.server import engine_commands as C
+from engine.protocol.errors import ErrorCode
+from engine.protocol.messages import Accepted, Error, Hello, Ok, Snapshot
+from engine.protocol.ops import Abort, ResetPrefixCache, Restart, Submit, TakeSnapshot
+from engine.server.engine_restart import rebuild_engine
 from engine.server.health import Health, HealthBoard, ProgressCapture, Status
-from engine.server.protocol import (
-    PROTOCOL_VERSION, Accepted, Error, ErrorCode as E, Finished, Hello, Message, Ok, Output, Snapshot,
+from engine.server.mailbox import (
+    Attach, Delivery, Detach, Letter, Mailbox, NewRun, Reply, Shutdown, StepOut,
 )
-from engine.server.request_book import RequestBook, finished_fields
-from engine.startup import build_engine_parts
+from engine.server.output_messages import finished_fields
+from engine.server.request_book import MAX_N, RequestBook
+from engine.server.sink import Sink, SinkItem
+from engine.startup import build_engine
 from engine.store.db import new_run_id
 
 log = logging.getLogger("kvscope.server")
 
-Post = Callable[[list[C.Delivery]], None]
+Post = Callable[[list[Delivery]], None]
 EngineFactory = Callable[[EngineConfig], LLMEngine]
-MAX_COMMANDS_PER_ITERATION = 256  # under a flood of ops, still step between batches
+MAX_LETTERS_PER_ITERATION = 256  # under a flood of ops, still step between batches
 
 
 class EngineWorker(threading.Thread):
-    def __init__(self, config: EngineConfig, post: Post, commands: C.CommandQueue,
+    def __init__(self, config: EngineConfig, post: Post, mailbox: Mailbox,
                  board: HealthBoard, recorder: Any = None, label: str | None = None,
-                 max_in_flight_per_conn: int = 64, limits: dict[str, Any] | None = None,
-                 engine_factory: EngineFactory | None = None) -> None:
+                 max_in_flight_per_sink: int = 64, limits: dict[str, Any] | None = None,
+                 engine_factory: EngineFactory | None = None, max_n: int = MAX_N) -> None:
         super().__init__(name="kvscope-engine", daemon=True)
         self.config = config
         self.post = post
-        self.commands = commands
+        self.mailbox = mailbox
         self.board = board
         self.recorder = recorder
         self.label = label
         self.limits = dict(limits or {})
-        self.engine_factory = engine_factory or LLMEngine
+        self.engine_factory = engine_factory or build_engine
         self.engine: LLMEngine | None = None
         self.run_id: str | None = None
-        self.book = RequestBook(max_in_flight_per_conn)
+        self.book = RequestBook(max_in_flight_per_sink, max_n)
         self._last_seq = -1
-        self._out: list[C.Delivery] = []
-        self._want_snapshot: list[C.Command] = []
+        self._out: list[Delivery] = []
+        self._want_snapshot: list[Letter] = []  # Attach and TakeSnapshot letters
         self.stop_requested = threading.Event()  # set by the app before it sends Shutdown
 
     # ---- lifecycle ---------------------------------------------------------------
@@ -89,10 +98,11 @@ class EngineWorker(threading.Thread):
             raise
 
     def _drain_until_shutdown(self) -> None:
-        while not any(isinstance(c, C.Shutdown) for c in self.commands.take(True, 1 << 30)):
+        while not any(isinstance(letter.command, Shutdown) for letter in self.mailbox.take(True, 1 << 30)):
             pass
 
     def _install(self, engine: LLMEngine) -> None:
+        """Start a run on ``engine``; every subscriber is told (hello + empty snapshot)."""
         self.engine = engine
         self._last_seq = -1
         self.book.new_run()
@@ -104,6 +114,7 @@ class EngineWorker(threading.Thread):
         else:  # not recorded, but a new run still needs a new id (clients key on it)
             self.run_id = new_run_id()
         engine.step_listeners.append(self._on_step)
+        self._out.append(NewRun(self._hello(), Snapshot(-1, engine.snapshot(), {})))
         self.board.set(Health(Status.READY, "ready", self.run_id, engine.spec.name, config))
         log.info("kvscope: engine ready (run %s, %d blocks x %d tokens)", self.run_id,
                  config["num_blocks"], config["block_size"])
@@ -114,7 +125,7 @@ class EngineWorker(threading.Thread):
 
     def _on_step(self, record: StepRecord) -> None:
         self._last_seq = record.seq
-        self._out.append(C.StepOut(record))
+        self._out.append(StepOut(self.run_id, record))
 
     # ---- main loop ------------------------------------------------------------------
 
@@ -125,11 +136,11 @@ class EngineWorker(threading.Thread):
     def _serve(self) -> None:
         while True:
             idle = not self._busy() and not self._want_snapshot
-            for cmd in self.commands.take(idle, MAX_COMMANDS_PER_ITERATION):
-                if isinstance(cmd, C.Shutdown):
+            for letter in self.mailbox.take(idle, MAX_LETTERS_PER_ITERATION):
+                if isinstance(letter.command, Shutdown):
                     self._shutdown()
                     return
-                self._handle(cmd)
+                self._execute(letter)
             if self._busy():
                 self._step()
             self._answer_snapshots()
@@ -146,8 +157,8 @@ class EngineWorker(threading.Thread):
         except Exception as exc:  # an engine fault: fail the live requests, keep serving
             log.exception("kvscope: engine step failed; aborting live requests")
             for rid in self.book.live():
-                self._reply(self.book.get(rid).conn_id,
-                            Error(E.INTERNAL, f"engine step failed: {exc}", rid, "submit"))
+                self._reply(self.book.get(rid).sink,
+                            Error(ErrorCode.INTERNAL, f"engine step failed: {exc}", rid, "submit"))
             self._abort_all()
             return
         for out in outputs:
@@ -155,53 +166,57 @@ class EngineWorker(threading.Thread):
 
     # ---- commands ---------------------------------------------------------------------
 
-    def _handle(self, cmd: C.Command) -> None:
-        if isinstance(cmd, (C.Attach, C.TakeSnapshot)):
-            self._want_snapshot.append(cmd)  # answered after the step, when no event is pending
-        elif isinstance(cmd, C.Submit):
-            self._submit(cmd)
-        elif isinstance(cmd, C.Abort):
+    def _execute(self, letter: Letter) -> None:
+        sink, cmd = letter.sink, letter.command
+        if isinstance(cmd, (Attach, TakeSnapshot)):
+            self._want_snapshot.append(letter)  # answered after the step, when no event is pending
+        elif isinstance(cmd, Submit):
+            self._submit(sink, cmd)
+        elif isinstance(cmd, Abort):
             owned = self.book.get(cmd.request_id)
-            if owned is None or owned.conn_id != cmd.conn_id:
-                self._reply(cmd.conn_id, Error(E.UNKNOWN_REQUEST, f"no live request {cmd.request_id!r} "
-                                               f"of this connection", cmd.request_id, "abort"))
+            if owned is None or owned.sink is not sink:
+                self._reply(sink, Error(ErrorCode.UNKNOWN_REQUEST, f"no live request {cmd.request_id!r} "
+                                        f"of this connection", cmd.request_id, cmd.type))
             else:
                 self._abort(cmd.request_id)
-        elif isinstance(cmd, C.Detach):
+        elif isinstance(cmd, Detach):
             # The submitter is gone: nobody will read these outputs, so stop spending on them.
-            for rid in self.book.live(cmd.conn_id):
+            for rid in self.book.live(sink):
                 self._abort(rid)
-        elif isinstance(cmd, C.ResetPrefixCache):
+        elif isinstance(cmd, ResetPrefixCache):
             n = self.engine.reset_prefix_cache()
-            self._reply(cmd.conn_id, Ok("reset_prefix_cache", {"num_blocks_reset": n}))
-        elif isinstance(cmd, C.Restart):
-            self._restart(cmd)
-        else:
-            raise TypeError(f"unknown command {cmd!r}")
+            self._reply(sink, Ok(cmd.type, {"num_blocks_reset": n}))
+        elif isinstance(cmd, Restart):
+            self._restart(sink, cmd)
+        else:  # e.g. ping or steps_since: the front door answers those itself
+            log.error("kvscope: the engine thread cannot execute %r", cmd)
+            self._reply(sink, Error(ErrorCode.UNKNOWN_OP, f"{type(cmd).__name__} is answered by "
+                                    f"the front door, not the engine", op=getattr(cmd, "type", None)))
 
-    def _reply(self, conn_id: int, msg: Message) -> None:
-        self._out.append(C.ToClient(conn_id, msg))
+    def _reply(self, sink: Sink | None, item: SinkItem) -> None:
+        if sink is not None:
+            self._out.append(Reply(sink, item))
 
-    def _submit(self, cmd: C.Submit) -> None:
-        rid = cmd.request_id or self.book.name(cmd.conn_id)
-        refusal = self.book.refuse(cmd.conn_id, rid)
+    def _submit(self, sink: Sink, cmd: Submit) -> None:
+        rid = cmd.request_id or self.book.name(sink)
+        refusal = self.book.refuse(sink, rid, cmd.params)
         if refusal is not None:
-            self._reply(cmd.conn_id, refusal)
+            self._reply(sink, refusal)
             return
         try:
             self.engine.add_request(prompt=cmd.prompt, params=cmd.params, request_id=rid,
                                     messages=cmd.messages)
         except KVScopeError as exc:
-            code = (E.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
-                    E.QUEUE_FULL if isinstance(exc, QueueFullError) else
-                    E.BAD_PARAMS if isinstance(exc, SamplingParamsError) else E.BAD_REQUEST)
-            self._reply(cmd.conn_id, Error(code, str(exc), rid, "submit"))
+            code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
+                    ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else
+                    ErrorCode.BAD_PARAMS if isinstance(exc, SamplingParamsError) else ErrorCode.BAD_REQUEST)
+            self._reply(sink, Error(code, str(exc), rid, cmd.type))
             return
         except Exception as exc:  # e.g. a chat template that rejects these messages
-            self._reply(cmd.conn_id, Error(E.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, "submit"))
+            self._reply(sink, Error(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, cmd.type))
             return
-        self.book.add(rid, cmd.conn_id, cmd.params.to_dict(), cmd.source.value)
-        self._reply(cmd.conn_id, Accepted(rid))
+        self.book.add(rid, sink, cmd.params.to_dict())
+        self._reply(sink, Accepted(rid))
 
     def _abort(self, rid: str) -> None:
         out = self.engine.abort_request(rid)
@@ -223,11 +238,10 @@ class EngineWorker(threading.Thread):
             return
         hello = self._hello()
         snap = Snapshot(self._last_seq, self.engine.snapshot(), dict(self.engine.last_metrics))
-        for cmd in self._want_snapshot:
-            if isinstance(cmd, C.Attach):
-                self._out.append(C.Attached(cmd.conn_id, hello, snap))
-            else:
-                self._out.append(C.SnapshotTo(cmd.conn_id, snap))
+        for letter in self._want_snapshot:
+            if isinstance(letter.command, Attach):
+                self._reply(letter.sink, hello)
+            self._reply(letter.sink, snap)
         self._want_snapshot.clear()
 
     def _hello(self) -> Hello:
@@ -239,47 +253,34 @@ class EngineWorker(threading.Thread):
         owned = self.book.get(out.request_id)
         if owned is None:
             return
-        if owned.source == C.Source.OPENAI:  # the HTTP API builds its own chunks from the output
-            self._out.append(C.RequestOut(owned.conn_id, out))
-        else:
-            for index, (text, token_ids) in sorted(out.deltas.items()):
-                if text or token_ids:
-                    self._reply(owned.conn_id, Output(out.request_id, index, text, list(token_ids)))
+        self._reply(owned.sink, out)
         if out.finished:
-            outputs, metrics = finished_fields(out)
-            if owned.source != C.Source.OPENAI:
-                self._reply(owned.conn_id, Finished(out.request_id, outputs, metrics))
             if self.recorder is not None:
+                outputs, metrics = finished_fields(out)
                 prompt = out.prompt if out.prompt is not None else str(out.prompt_token_ids)
-                timings = dict(metrics, connection=owned.conn_id)
+                timings = dict(metrics, connection=owned.sink.id)
                 self.recorder.record_request(out.request_id, prompt=prompt, params=owned.params,
                                              outputs=outputs, timings=timings, run_id=self.run_id,
-                                             source=owned.source)
+                                             source=owned.sink.source.value)
             self.book.release(out.request_id)
 
     # ---- restart and shutdown -------------------------------------------------------------
 
-    def _restart(self, cmd: C.Restart) -> None:
+    def _restart(self, sink: Sink, cmd: Restart) -> None:
         old = self.engine
         try:
-            cfg = dataclasses.replace(old.config, **cmd.options)
-            check_restart(cfg, old)
-            # Reuse the loaded weights: only the pool and the scheduler change. The new
-            # pool is allocated before the old one is dropped, so a bad config leaves
-            # the old engine serving (at the price of both pools for a moment).
-            new = LLMEngine(cfg, build_engine_parts(cfg, loaded=old.parts.loaded))
+            new = rebuild_engine(old, cmd.engine)
         except (KVScopeError, TypeError, ValueError) as exc:
-            self._reply(cmd.conn_id, Error(E.BAD_CONFIG, str(exc), op="restart"))
+            self._reply(sink, Error(ErrorCode.BAD_CONFIG, str(exc), op=cmd.type))
             return
         self._abort_all()
         if old.has_pending_events():
             self._step()  # publish the aborts into the old run before it ends
         self._finish_run()
         old_run = self.run_id
-        self._want_snapshot = [c for c in self._want_snapshot if isinstance(c, C.Attach)]
+        self._want_snapshot = [w for w in self._want_snapshot if isinstance(w.command, Attach)]
         self._install(new)
-        self._out.append(C.NewRun(self._hello(), Snapshot(-1, new.snapshot(), {})))
-        self._reply(cmd.conn_id, Ok("restart", {"run_id": self.run_id, "previous_run_id": old_run}))
+        self._reply(sink, Ok(cmd.type, {"run_id": self.run_id, "previous_run_id": old_run}))
 
     def _shutdown(self) -> None:
         self.board.set(Health(Status.STOPPING, "shutting down", self.run_id, self.engine.spec.name))
@@ -288,19 +289,3 @@ class EngineWorker(threading.Thread):
             self._step()
         self._finish_run()
         self._flush()
-
-
-def check_restart(cfg: EngineConfig, old: LLMEngine) -> None:
-    """Refuse restarts a client should not be able to ask for: a pool bigger than the
-    operator's (or the 1 GiB CPU default) would let any client exhaust the host's
-    memory, and positions past the model's own limit give garbage."""
-    limit = old.spec.max_position_embeddings
-    if cfg.max_model_len is not None and cfg.max_model_len > limit:
-        raise ConfigError(f"max_model_len {cfg.max_model_len} exceeds the model's {limit} positions")
-    if cfg.num_kv_blocks is not None:
-        budget = max(old.cache_config.num_blocks * old.parts.kv_bytes_per_block, DEFAULT_CPU_KV_BYTES)
-        per_block = old.spec.kv_bytes_per_block(cfg.block_size, old.parts.loaded.dtype)
-        if cfg.num_kv_blocks * per_block > budget:
-            raise ConfigError(f"{cfg.num_kv_blocks} blocks of {cfg.block_size} tokens need "
-                              f"{cfg.num_kv_blocks * per_block} bytes; this server allows at most "
-                              f"{budget} ({budget // per_block} blocks)")

@@ -1,17 +1,18 @@
 """The serve port's own routes (Starlette): health, metrics, and the websocket door.
 
-- ``GET /healthz``: JSON ``{"status": "loading"|"ready"|"error"|"stopping", "detail", ...}``;
+- ``GET /healthz``: JSON ``{"status": "loading"|"ready"|"degraded"|"error"|"stopping", "detail", ...}``;
   200, except 503 after a failed load (so ``curl -f`` fails). No token needed.
 - ``GET /metrics``: Prometheus text (token needed when one is set).
 - A websocket on ``/`` (or ``/ws``) is accepted when its Origin is allowed (403
-  otherwise), the token matches (401) and the engine is ready: while the model
+  otherwise), the token matches (401) and the engine serves (ready, or degraded: a
+  recorder problem): while the model
   loads (or after a failed load, or while stopping) the handshake is refused with
   HTTP 503 and the health JSON, so a client knows to retry. Accepted, it is the
-  Hub's for its life (protocol v1, unchanged).
+  Hub's for its life (protocol v2, unchanged).
 - ``GET /`` without an upgrade: a line saying what this port is.
 - Anything else: 404 JSON (the ``/v1`` routes answer in OpenAI's error shape).
 
-The OpenAI routes (``engine.openai.routes``) share ``Gate`` for the token and Origin.
+The OpenAI routes (``engine.server.api_routes``) share ``Gate`` for the token and Origin.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Gate:
                 await ws.send_denial_response(JSONResponse(UNAUTHORIZED, 401, CHALLENGE))
                 return
             health = self.board.current
-            if health.status is not Status.READY or self.stopping:
+            if not health.serving or self.stopping:
                 # Refused rather than accepted-then-closed: a client sees 503 during the
                 # handshake and retries, with no half-open session to clean up.
                 await ws.send_denial_response(JSONResponse(health.to_dict(), 503))

@@ -1,54 +1,45 @@
-"""Hub: the websocket connections, on the event-loop thread.
+"""Hub: the websocket front door, on the event-loop thread.
 
-Inbound, it parses each frame into an op and sends the engine thread a typed
-command (or answers at once: ``ping``, and every malformed frame). Outbound, it
-takes the engine thread's delivery batches and fills each connection's Outbox;
-one writer task per connection drains it, so a stalled socket blocks only its
-own writer. Steps are encoded once per step for all connections.
+Inbound, it parses each frame into a protocol op and posts that op, as is, to
+the engine thread's mailbox with the connection as its sink. It answers two ops
+itself: ``ping``, and ``steps_since`` (from the step history, so the engine
+thread never reads SQLite), and every malformed frame. Outbound, ``deliver``
+applies the engine thread's delivery batches: replies go to their sink (a
+connection here, or another front door's), steps to every subscribed
+connection, encoded once per step.
 
-Writer of: the connection table and the outboxes (loop thread only).
+Writer of: the connection table and the step history (loop thread only).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from websockets.exceptions import ConnectionClosed
 
-from engine.core import SamplingParamsError
-from engine.core.sampling_params import SamplingParams
-from engine.server import engine_commands as C
-from engine.server import protocol as P
+from engine.protocol.codec import encode, parse_op
+from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.protocol.messages import Error, Pong, Step
+from engine.protocol.ops import Op, Ping, StepsSince
+from engine.server.mailbox import Attach, Delivery, Detach, Mailbox, NewRun, Reply, StepOut
 from engine.server.outbox import Outbox
 from engine.server.prom import ServerMetrics
+from engine.server.step_history import StepHistory
 from engine.server.ws_adapter import AsgiWebSocket
+from engine.server.ws_connection import ClientConn
 
 log = logging.getLogger("kvscope.server")
-E = P.ErrorCode
-
-SLOW_CLIENT_CLOSE = 1008  # policy violation: it let replies pile up past the bound
-
-
-@dataclass(eq=False, slots=True)
-class ClientConn:
-    id: int
-    ws: AsgiWebSocket
-    outbox: Outbox
-    attached: bool = False  # got hello + snapshot; receives steps from now on
-    closing: bool = False
-    writer: asyncio.Task | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
 class HubLimits:
     max_frame_bytes: int = 1 << 20  # a prompt of ~250k tokens of text fits; a bigger frame is a bug
     step_buffer: int = 256  # unsent step messages per client before dropping (≈ seconds of steps)
-    max_n: int = 64  # samples per request: each is a sequence; 10^6 of them would sink the host
+    step_history: int = 1024  # steps kept for steps_since; older ones come from the recording
     max_replies: int = 100_000  # unsent replies before a client is deemed dead (last resort)
     # Kernel send buffer per connection. Linux autotunes it up to 4 MiB on loopback,
     # which would let a stalled client lag by thousands of steps inside the kernel
@@ -57,29 +48,34 @@ class HubLimits:
 
 
 class Hub:
-    def __init__(self, commands: C.CommandQueue, metrics: ServerMetrics, limits: HubLimits) -> None:
-        self.commands = commands
+    def __init__(self, mailbox: Mailbox, metrics: ServerMetrics, limits: HubLimits) -> None:
+        self.mailbox = mailbox
         self.metrics = metrics
         self.limits = limits
         self.conns: dict[int, ClientConn] = {}
+        self.history = StepHistory(limits.step_history)
         self.stopping = False
-        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task] = set()  # steps_since answers in progress
         metrics.watch_hub(lambda: len(self.conns), self.max_outbox_steps)
 
     def max_outbox_steps(self) -> int:
         return max((c.outbox.num_steps for c in self.conns.values()), default=0)
 
+    def pending_replies(self) -> int:
+        return sum(c.outbox.num_replies for c in self.conns.values())
+
     # ---- connections ---------------------------------------------------------------
 
     async def handle(self, ws: AsgiWebSocket) -> None:
         """The websocket route's handler: runs for the life of one accepted connection."""
-        conn = ClientConn(next(self._ids), ws, Outbox(self.limits.step_buffer, self.limits.max_replies))
+        conn = ClientConn(self.mailbox.new_sink_id(), ws,
+                          Outbox(self.limits.step_buffer, self.limits.max_replies), self.metrics)
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.socket_send_buffer)
         self.conns[conn.id] = conn
-        conn.writer = asyncio.create_task(self._write(conn), name=f"kvscope-writer-{conn.id}")
-        self.commands.put(C.Attach(conn.id))
+        conn.writer = asyncio.create_task(conn.write(), name=f"kvscope-writer-{conn.id}")
+        self.mailbox.send_lifecycle(conn, Attach())
         try:
             async for frame in ws:
                 self._on_frame(conn, frame)
@@ -89,121 +85,84 @@ class Hub:
             self.conns.pop(conn.id, None)
             conn.outbox.close()
             # Its requests are aborted: nobody is left to read their outputs.
-            self.commands.put(C.Detach(conn.id))
+            self.mailbox.send_lifecycle(conn, Detach())
             conn.writer.cancel()
             await asyncio.gather(conn.writer, return_exceptions=True)
-
-    async def _write(self, conn: ClientConn) -> None:
-        try:
-            while True:
-                frame = await conn.outbox.get()
-                await conn.ws.send(frame)
-        except ConnectionClosed:
-            pass
-
-    def pending_replies(self) -> int:
-        return sum(c.outbox.num_replies for c in self.conns.values())
 
     # ---- inbound ------------------------------------------------------------------------
 
     def _on_frame(self, conn: ClientConn, frame: str | bytes) -> None:
         if isinstance(frame, bytes):
-            self._error(conn, P.Error(E.BINARY_FRAME, "binary frames are not part of the protocol; "
-                                                      "send JSON text frames"))
+            conn.reply(Error(ErrorCode.BINARY_FRAME, "binary frames are not part of the protocol; "
+                                                     "send JSON text frames"))
             return
         size = len(frame.encode("utf-8"))
         if size > self.limits.max_frame_bytes:
-            self._error(conn, P.Error(E.TOO_LARGE, f"frame of {size} bytes is over the limit of "
-                                                   f"{self.limits.max_frame_bytes}"))
+            conn.reply(Error(ErrorCode.TOO_LARGE, f"frame of {size} bytes is over the limit of "
+                                                  f"{self.limits.max_frame_bytes}"))
             return
         try:
-            op = P.parse_op(frame)
-            cmd = self._command(conn, op)
-        except P.ProtocolError as exc:
-            self._error(conn, P.Error.from_exc(exc))
+            op = parse_op(frame)
+        except ProtocolError as exc:
+            conn.reply(Error.from_exc(exc))
             return
-        if cmd is None:
-            return
-        if self.stopping:
-            self._error(conn, P.Error(E.SHUTTING_DOWN, "the server is shutting down",
-                                      getattr(cmd, "request_id", None), op.type))
-        elif not self.commands.try_put(cmd):
-            self._error(conn, P.Error(E.BUSY, "the engine's command queue is full; retry shortly",
-                                      getattr(cmd, "request_id", None), op.type))
+        if isinstance(op, Ping):
+            conn.reply(Pong(time.time()))
+        elif isinstance(op, StepsSince):
+            self._answer_steps(conn, op)
+        elif self.stopping:
+            conn.reply(_refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down", op))
+        elif not self.mailbox.send(conn, op):
+            conn.reply(_refusal(ErrorCode.BUSY, "the engine's command queue is full; retry shortly", op))
 
-    def _command(self, conn: ClientConn, op: P.Op) -> C.Command | None:
-        if isinstance(op, P.PingOp):
-            self._reply(conn, P.Pong(time.time()))
-            return None
-        if isinstance(op, P.SubmitOp):
-            try:  # validated here (pure Python) so bad params never reach the engine thread
-                params = SamplingParams.from_dict(op.params)
-            except SamplingParamsError as exc:
-                raise P.ProtocolError(E.BAD_PARAMS, str(exc), op.request_id, "submit") from None
-            if params.n > self.limits.max_n:
-                raise P.ProtocolError(E.BAD_PARAMS, f"n must be <= {self.limits.max_n} on this server, "
-                                      f"got {params.n}", op.request_id, "submit")
-            return C.Submit(conn.id, op.request_id, op.prompt, op.messages, params)
-        if isinstance(op, P.AbortOp):
-            return C.Abort(conn.id, op.request_id)
-        if isinstance(op, P.SnapshotOp):
-            return C.TakeSnapshot(conn.id)
-        if isinstance(op, P.ResetPrefixCacheOp):
-            return C.ResetPrefixCache(conn.id)
-        if isinstance(op, P.RestartOp):
-            return C.Restart(conn.id, op.engine)
-        raise AssertionError(f"op without a command: {op!r}")
+    def _answer_steps(self, conn: ClientConn, op: StepsSince) -> None:
+        if conn.steps_pending:  # one at a time: each may read the database
+            conn.reply(_refusal(ErrorCode.BUSY, "a steps_since of this connection is still being "
+                                                "answered", op))
+            return
+        conn.steps_pending = True
+
+        async def answer() -> None:
+            try:
+                conn.deliver(await self.history.answer(op))
+            finally:
+                conn.steps_pending = False
+
+        task = asyncio.ensure_future(answer())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # ---- outbound -------------------------------------------------------------------------
 
-    def deliver(self, batch: list[C.Delivery]) -> None:
+    def deliver(self, batch: list[Delivery]) -> None:
         """Apply one batch from the engine thread (called on the loop, in order)."""
         for d in batch:
-            if isinstance(d, C.StepOut):
+            if isinstance(d, Reply):
+                try:
+                    d.sink.deliver(d.item)
+                except Exception:  # one front door's fault must not cost the rest of the batch
+                    log.exception("kvscope: delivering to sink %d failed", d.sink.id)
+            elif isinstance(d, StepOut):
                 self._broadcast_step(d)
-            elif isinstance(d, C.ToClient):
-                conn = self.conns.get(d.conn_id)
-                if conn is not None:
-                    self._reply(conn, d.message)
-            elif isinstance(d, C.Attached):
-                conn = self.conns.get(d.conn_id)
-                if conn is not None:
-                    self._rebase(conn, d.hello, d.snapshot)
-                    conn.attached = True
-            elif isinstance(d, C.SnapshotTo):
-                conn = self.conns.get(d.conn_id)
-                if conn is not None:
-                    conn.outbox.clear_steps()  # all older than this snapshot
-                    self._reply(conn, d.snapshot)
-            elif isinstance(d, C.NewRun):
+            elif isinstance(d, NewRun):
+                self.history.new_run(d.hello.run_id)
+                self.metrics.start_run(d.hello.config)
                 for conn in list(self.conns.values()):
                     if conn.attached:
-                        self._rebase(conn, d.hello, d.snapshot)
+                        conn.rebase(d.hello, d.snapshot)
             else:
                 raise TypeError(f"unknown delivery {d!r}")
 
-    def _broadcast_step(self, d: C.StepOut) -> None:
-        self.metrics.observe_step(d.record.metrics)
+    def _broadcast_step(self, d: StepOut) -> None:
+        self.metrics.observe_step(d.record)
+        self.history.append(d.run_id, d.record)
         if not self.conns:
             return
-        frame = P.step_frame(d.record.to_dict())
+        frame = encode(Step(d.record))
         for conn in self.conns.values():
-            if conn.attached and not conn.outbox.put_step(frame):
-                self.metrics.dropped_steps.inc()
+            if conn.attached:
+                conn.put_step(frame)
 
-    def _rebase(self, conn: ClientConn, hello: P.Hello, snapshot: P.Snapshot) -> None:
-        conn.outbox.clear_steps()  # steps of an older state or an older run
-        self._reply(conn, hello)
-        self._reply(conn, snapshot)
 
-    def _error(self, conn: ClientConn, err: P.Error) -> None:
-        self._reply(conn, err)
-
-    def _reply(self, conn: ClientConn, msg: P.Message) -> None:
-        if isinstance(msg, P.Error):
-            self.metrics.errors.labels(msg.code).inc()
-        if conn.outbox.put_reply(P.encode(msg)) or conn.closing:
-            return
-        conn.closing = True
-        log.warning("kvscope: closing connection %d: %d replies unread", conn.id, conn.outbox.num_replies)
-        asyncio.ensure_future(conn.ws.close(SLOW_CLIENT_CLOSE, E.SLOW_CLIENT))
+def _refusal(code: str, message: str, op: Op) -> Error:
+    return Error(code, message, getattr(op, "request_id", None), op.type)

@@ -16,7 +16,7 @@ import ipaddress
 import re
 from urllib.parse import parse_qs, urlsplit
 
-TOKEN_ENV = "KVSCOPE_TOKEN"
+from engine.protocol.handshake import TOKEN_ENV
 
 # No Origin (scripts, the Python client) or a page served from this machine.
 ALLOWED_ORIGINS = [None, re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?")]

@@ -34,13 +34,17 @@ def format_runs(runs: list[dict[str, Any]]) -> str:
     """The runs table printed by ``kvscope runs``."""
     if not runs:
         return "no runs recorded yet"
-    header = ("run id", "started", "steps", "reqs", "pool", "model", "label")
+    lossy = any(r.get("lost_steps") or r.get("lost_requests") for r in runs)
+    header = ("run id", "started", "steps", "reqs", "pool", "model", "label") + (("lost",) if lossy else ())
     rows = [header]
     for r in runs:
         cfg = r["config"] or {}
         pool = f"{cfg.get('num_blocks', '?')}x{cfg.get('block_size', '?')}"
+        lost = (f"{r.get('lost_steps') or 0} steps, {r.get('lost_requests') or 0} reqs"
+                if r.get("lost_steps") or r.get("lost_requests") else "")
         rows.append((r["id"], _fmt_time(r["started_at"]), str(r["num_steps"]),
-                     str(r["num_requests"]), pool, r["model"] or "-", r["label"] or ""))
+                     str(r["num_requests"]), pool, r["model"] or "-", r["label"] or "")
+                    + ((lost,) if lossy else ()))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -74,23 +78,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Print the pool at step N of a run (default: its last step) as a block grid plus
-    every request's block table, rebuilt from the recorded events."""
+    every request's block table, rebuilt from the recorded events; and a note per
+    loss marker (past the first lost step the pool cannot be rebuilt: an error)."""
     store = RunStore(getattr(args, "db", None))
     step = getattr(args, "step", None)
     try:
         run = store.get_run(args.run_id)
         snap = store.snapshot_at(args.run_id, step)
         lo, hi = store.step_range(args.run_id)
-        metrics = store.metrics_at(args.run_id, snap["step"]) or {}
+        metrics = store.metrics_at(args.run_id, snap.step) or {}
+        losses = store.losses(args.run_id)
     except (UnknownRunError, StepOutOfRangeError, ValueError, sqlite3.Error) as exc:
         print(f"kvscope replay: error: {exc}", file=sys.stderr)
         return 1
     title = f"run {run['id']}" + (f" ({run['label']})" if run.get("label") else "")
-    print(f"{title} | model {run.get('model') or '-'} | step {snap['step']} of {lo}..{hi}")
+    print(f"{title} | model {run.get('model') or '-'} | step {snap.step} of {lo}..{hi}")
     print(render_snapshot(snap, width=getattr(args, "width", None) or 32))
     shown = [f"{k} {_fmt_metric(metrics[k])}" for k in _METRICS_SHOWN if k in metrics]
     if shown:
         print("\nmetrics: " + " | ".join(shown))
+    for loss in losses:  # the pool shown is before the first of these (state_at refuses past it)
+        print(f"\nnote: {loss.describe()}")
     return 0
 
 

@@ -90,11 +90,70 @@ def loads(text: str | None, default: Any = None) -> Any:
     return default if text is None else json.loads(text)
 
 
+def step_row(run_id: str, d: dict[str, Any]) -> dict[str, Any]:
+    """The ``steps`` row of one ``StepRecord.to_dict()`` (events and metrics as JSON text)."""
+    return {"run_id": run_id, "seq": d["seq"], "step": d["step"], "ts": d["ts"],
+            "events": dumps(d["events"]), "metrics": dumps(d["metrics"])}
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def check_row(row: dict[str, Any]) -> int:
+    """Raise ValueError/TypeError for a value SQLite cannot store; else the row's text size.
+
+    Catches before a write what would otherwise fail it: a lone surrogate (text
+    must be UTF-8), an int past 64 bits, a type sqlite3 cannot bind. Cheap on the
+    common path: ``isascii`` is O(1) in CPython, and JSON text is ASCII."""
+    size = 0
+    for key, v in row.items():
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise ValueError(f"column {key!r} is not valid UTF-8 text: {exc}") from None
+            size += len(v)
+        elif isinstance(v, bool) or v is None or isinstance(v, float):
+            pass
+        elif isinstance(v, int):
+            if not _INT64[0] <= v <= _INT64[1]:
+                raise ValueError(f"column {key!r}: {v} does not fit SQLite's 64-bit INTEGER")
+        else:
+            raise TypeError(f"column {key!r}: SQLite cannot store a {type(v).__name__}")
+    return size
+
+
+def insert_rows(db: sqlite_utils.Database, table: str, rows: list[dict[str, Any]]) -> None:
+    """INSERT OR REPLACE ``rows`` (all with the same keys) into ``table``."""
+    if not rows:
+        return
+    cols = list(rows[0])
+    sql = (f"insert or replace into [{table}] ({', '.join(f'[{c}]' for c in cols)}) "
+           f"values ({', '.join('?' * len(cols))})")
+    db.conn.executemany(sql, [[r[c] for c in cols] for r in rows])
+
+
+def is_fault(exc: BaseException) -> bool:
+    """True for a failure of the database (locked, read-only, full, corrupt, I/O): retry
+    later. False for a row the database refuses (bad text, an int too large, an
+    unbindable type): retrying cannot help, so that row is skipped."""
+    if isinstance(exc, (sqlite3.InterfaceError, sqlite3.DataError, sqlite3.IntegrityError)):
+        return False
+    if isinstance(exc, sqlite3.ProgrammingError):  # also "closed database": only binding is a row's fault
+        return "binding" not in str(exc).lower()
+    if isinstance(exc, (sqlite3.Error, OSError, MemoryError)):
+        return True
+    return not isinstance(exc, (ValueError, TypeError, OverflowError))
+
+
 def describe_error(exc: BaseException) -> str:
     """Short cause of a sqlite failure, for faults and log lines."""
     msg = str(exc).lower()
     if "locked" in msg or "busy" in msg:
         return "database is locked"
+    if "full" in msg:
+        return "database or disk is full"
     if "readonly" in msg or "read-only" in msg or "unable to open" in msg:
         return "database is read-only or cannot be opened"
     if "not a database" in msg or "malformed" in msg or "corrupt" in msg:

@@ -12,9 +12,12 @@ from typing import Any
 
 import sqlite_utils
 
+from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
 from engine.store import db as dbm
+from engine.store import loss as lossm
+from engine.store.loss import Loss
 
 
 class UnknownRunError(LookupError):
@@ -26,6 +29,15 @@ class UnknownRunError(LookupError):
 
 class StepOutOfRangeError(ValueError):
     """The requested step is outside the run's recorded steps."""
+
+
+def _step_record(row: dict[str, Any]) -> StepRecord:
+    return StepRecord.from_dict({**row, "events": dbm.loads(row["events"], []),
+                                 "metrics": dbm.loads(row["metrics"], {})})
+
+
+class StepsLostError(ValueError):
+    """The pool at this step cannot be rebuilt: steps before it were lost (see ``Loss``)."""
 
 
 def _run_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -54,13 +66,18 @@ class RunStore:
 
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run, newest first: id, started_at, finished_at, model, label, config
-        (dict), num_steps, num_requests."""
-        sql = """
-            select r.*,
-              (select count(*) from steps s where s.run_id = r.id) as num_steps,
-              (select count(*) from requests q where q.run_id = r.id) as num_requests
-            from runs r order by r.started_at desc, r.id desc"""
+        (dict), num_steps, num_requests, lost_steps and lost_requests (see ``losses``)."""
         with self.db() as d:
+            # A database that never lost a row has no losses table (the recorder makes it).
+            lost = (f"(select coalesce(sum({{}}), 0) from {lossm.TABLE} x where x.run_id = r.id)"
+                    if lossm.TABLE in d.table_names() else "0")
+            sql = f"""
+                select r.*,
+                  (select count(*) from steps s where s.run_id = r.id) as num_steps,
+                  (select count(*) from requests q where q.run_id = r.id) as num_requests,
+                  {lost.format("num_steps")} as lost_steps,
+                  {lost.format("num_requests")} as lost_requests
+                from runs r order by r.started_at desc, r.id desc"""
             return [_run_row(row) for row in d.query(sql)]
 
     def get_run(self, run_id: str) -> dict[str, Any]:
@@ -79,7 +96,7 @@ class RunStore:
                 raise UnknownRunError(f"no run {run_id!r} in {self.path}")
 
     def delete_run(self, run_id: str) -> None:
-        """Remove a run with its steps and requests, in one transaction."""
+        """Remove a run with its steps, requests and loss markers, in one transaction."""
         with self.db() as d:
             with d.atomic():
                 cur = d.execute("delete from runs where id = ?", [run_id])
@@ -87,6 +104,8 @@ class RunStore:
                     raise UnknownRunError(f"no run {run_id!r} in {self.path}")
                 d.execute("delete from steps where run_id = ?", [run_id])
                 d.execute("delete from requests where run_id = ?", [run_id])
+                if lossm.TABLE in d.table_names():
+                    d.execute(f"delete from {lossm.TABLE} where run_id = ?", [run_id])
 
     # ---- steps and requests ---------------------------------------------------
 
@@ -98,8 +117,19 @@ class RunStore:
             where, args = where + " and step <= ?", args + [upto_step]
         with self.db() as d:
             rows = list(d["steps"].rows_where(where, args, order_by="seq"))
-        return [StepRecord.from_dict({**r, "events": dbm.loads(r["events"], []),
-                                      "metrics": dbm.loads(r["metrics"], {})}) for r in rows]
+        return [_step_record(r) for r in rows]
+
+    def steps_after(self, run_id: str, seq: int, before_seq: int | None = None,
+                    limit: int | None = None) -> list[StepRecord]:
+        """Up to ``limit`` of the run's StepRecords with ``seq`` < their seq (< ``before_seq``),
+        in seq order: the rows a live client missed, not the whole run."""
+        self.get_run(run_id)
+        where, args = "run_id = ? and seq > ?", [run_id, seq]
+        if before_seq is not None:
+            where, args = where + " and seq < ?", args + [before_seq]
+        with self.db() as d:
+            rows = list(d["steps"].rows_where(where, args, order_by="seq", limit=limit))
+        return [_step_record(r) for r in rows]
 
     def step_range(self, run_id: str) -> tuple[int, int] | None:
         """(first, last) recorded step of the run, or None when it has no steps."""
@@ -119,10 +149,22 @@ class RunStore:
                 r[k] = dbm.loads(r[k])
         return rows
 
+    def losses(self, run_id: str) -> list[Loss]:
+        """Where the recorder dropped this run's rows (a database fault outlasted its
+        backlog), oldest first; [] for a complete run."""
+        self.get_run(run_id)
+        with self.db() as d:
+            if lossm.TABLE not in d.table_names():
+                return []
+            rows = d[lossm.TABLE].rows_where("run_id = ?", [run_id], order_by="ts, first_seq")
+            return [Loss.from_row(r) for r in rows]
+
     # ---- replay ----------------------------------------------------------------
 
     def state_at(self, run_id: str, step: int | None = None) -> PoolState:
-        """The folded PoolState after ``step`` (default: the last recorded step)."""
+        """The folded PoolState after ``step`` (default: the last recorded step).
+
+        StepsLostError when steps at or before ``step`` were lost."""
         run = self.get_run(run_id)
         cfg = run["config"]
         try:
@@ -138,13 +180,18 @@ class RunStore:
         if not rng[0] <= step <= rng[1]:
             raise StepOutOfRangeError(f"step {step} is out of range: run {run_id!r} has "
                                       f"steps {rng[0]}..{rng[1]}")
+        gaps = [x for x in self.losses(run_id) if x.num_steps and x.first_step <= step]
+        if gaps:  # folding across missing events would rebuild a pool that never existed
+            first = gaps[0]
+            raise StepsLostError(f"run {run_id!r}: {first.describe()}; the pool can be rebuilt "
+                                 f"up to step {first.first_step - 1} only")
         state = PoolState(num_blocks, block_size)
         for rec in self.load_steps(run_id, upto_step=step):
             state.apply_step(rec)
         state.step = step
         return state
 
-    def snapshot_at(self, run_id: str, step: int | None = None) -> dict[str, Any]:
+    def snapshot_at(self, run_id: str, step: int | None = None) -> PoolSnapshot:
         """The pool snapshot after ``step``, rebuilt by replaying from the empty pool."""
         return self.state_at(run_id, step).to_snapshot()
 

@@ -4,7 +4,9 @@ Format (one JSON object per line, ``kind`` first):
 - ``{"kind": "run", "format": "kvscope-run", "version": 1, "id", "started_at",
   "finished_at", "config": {...}, "model", "label"}`` — exactly one, first;
 - ``{"kind": "step", "seq", "step", "ts", "events": [...], "metrics": {...}}`` in seq order;
-- ``{"kind": "request", "request_id", "prompt", "params", "outputs", "timings"}``.
+- ``{"kind": "request", "request_id", "prompt", "params", "outputs", "timings"}``;
+- ``{"kind": "loss", "first_seq", "last_seq", "first_step", "last_step", "num_steps",
+  "num_requests", "reason", "ts"}`` where the recorder dropped rows (see ``Loss``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import IO, Any
 
 from engine.events.step import StepRecord
 from engine.store import db as dbm
+from engine.store import loss as lossm
+from engine.store.loss import Loss
 from engine.store.runs import RunStore
 
 FORMAT, VERSION = "kvscope-run", 1
@@ -31,6 +35,11 @@ def iter_export(store: RunStore, run_id: str) -> Iterable[dict[str, Any]]:
         req = dict(req)
         req.pop("run_id", None)
         yield {"kind": "request", **req}
+    for loss in store.losses(run_id):
+        row = loss.to_row()
+        for key in ("id", "run_id"):
+            row.pop(key)
+        yield {"kind": "loss", **row}
 
 
 def export_run(store: RunStore, run_id: str, dest: str | Path | IO[str]) -> int:
@@ -55,13 +64,14 @@ def import_run(store: RunStore, src: str | Path | IO[str], label: str | None = N
     if head.get("version") != VERSION:
         raise ValueError(f"unsupported export version {head.get('version')!r}")
     new_id = dbm.new_run_id()
-    steps, requests = [], []
+    steps, requests, losses = [], [], []
     for obj in objs[1:]:
         kind = obj.pop("kind", None)
         if kind == "step":
             d = StepRecord.from_dict(obj).to_dict()  # validates events on the way in
-            steps.append({"run_id": new_id, "seq": d["seq"], "step": d["step"], "ts": d["ts"],
-                          "events": dbm.dumps(d["events"]), "metrics": dbm.dumps(d["metrics"])})
+            steps.append(dbm.step_row(new_id, d))
+        elif kind == "loss":
+            losses.append(Loss.from_row({**obj, "run_id": new_id, "id": None}).to_row())
         elif kind == "request":
             requests.append({"run_id": new_id, "request_id": obj["request_id"],
                              "prompt": obj.get("prompt"), "params": dbm.dumps(obj.get("params")),
@@ -79,6 +89,9 @@ def import_run(store: RunStore, src: str | Path | IO[str], label: str | None = N
             d["steps"].insert_all(steps)
         if requests:
             d["requests"].insert_all(requests)
+        if losses:
+            lossm.ensure_table(d)
+            d[lossm.TABLE].insert_all(losses)
     return new_id
 
 

@@ -1,9 +1,9 @@
 """Exact block ids, ref counts and free-queue order on tiny pools (block_size 4)."""
 
 from engine.core import EventLog, KVCacheManager, CacheConfig, RequestStatus
-from engine.events.types import BlockEvicted
+from engine.events.types import BlockEvicted, CowCopy, PrefixCacheReset
 
-from tests.core.driver import make_scheduler, req, run_all, step
+from tests.core.driver import make_scheduler, req, run_all, step, tokens
 
 
 def refs(s):
@@ -84,8 +84,8 @@ def test_lru_eviction_takes_uncached_first_then_tails_before_heads():
     assert not [e for e in s.log.drain() if isinstance(e, BlockEvicted)]
     s.add_request(req("d", range(200, 208), max_tokens=4))
     out, _, _ = step(s)
-    evicted = [e.block for e in s.log.drain() if isinstance(e, BlockEvicted)]
-    assert evicted == [2, 1]  # a's tail block goes first, its head block 0 survives
+    evicted = [(e.block, e.reason) for e in s.log.drain() if isinstance(e, BlockEvicted)]
+    assert evicted == [(2, "reuse"), (1, "reuse")]  # a's tail block goes first, head 0 survives
     assert {b.id for b in s.kv.pool.cached.values()} >= {0}
     assert out.scheduled[-1].block_table == [2, 1]
 
@@ -116,14 +116,18 @@ def test_cow_fork_partial_last_block_one_copy_parent_untouched():
     assert kv.block_ids("p") == kv.block_ids("p#1") == [0, 1]
     assert [b.ref_count for b in kv.pool.blocks[:2]] == [2, 2]
     # the child writes position 6, inside shared partial block 1
+    log.drain()
     assert kv.allocate_slots(child, 1)
     assert kv.take_cow_pairs() == [(1, 2)]
+    # one self-contained event: the reference moved, nothing was freed
+    assert log.drain() == [CowCopy(log.step, "p#1", src=1, dst=2, logical_index=1,
+                                   src_ref_count=1)]
     assert kv.block_ids("p") == [0, 1]  # parent's block untouched
     assert kv.block_ids("p#1") == [0, 2]
     assert [b.ref_count for b in kv.pool.blocks[:3]] == [2, 1, 1]
     # the parent is now the only owner of block 1: writing needs no copy
     assert kv.allocate_slots(parent, 1)
-    assert kv.take_cow_pairs() == [] and kv.num_cow_copies == 1
+    assert kv.take_cow_pairs() == [] and log.counts.cow_copies == 1
 
 
 def test_scheduler_fork_n2_records_one_copy_and_finishes_both():
@@ -137,15 +141,21 @@ def test_scheduler_fork_n2_records_one_copy_and_finishes_both():
     assert out.cow_pairs == [(1, 2)]
     assert s.kv.block_ids("a") == [0, 2] and s.kv.block_ids("a#1") == [0, 1]
     run_all(s)
-    assert s.kv.pool.num_free == 8 and s.kv.num_cow_copies == 1
+    assert s.kv.pool.num_free == 8 and s.log.counts.cow_copies == 1
 
 
 def test_reset_prefix_cache_drops_all_hashes():
     s = make_scheduler(num_blocks=8, max_model_len=32)
     s.add_request(req("a", range(12), max_tokens=1))
     step(s)
+    s.log.drain()
     assert s.kv.reset_prefix_cache() == 3
     assert s.kv.pool.cached == {} and all(b.hash is None for b in s.kv.pool.blocks)
+    events = s.log.drain()
+    assert [(e.block, e.reason) for e in events if isinstance(e, BlockEvicted)] == \
+        [(0, "reset"), (1, "reset"), (2, "reset")]
+    assert isinstance(events[-1], PrefixCacheReset)
+    assert (s.log.counts.num_reset_evictions, s.log.counts.num_evictions) == (3, 0)
     s.add_request(req("b", range(12), max_tokens=1))
     step(s)
     assert s.log.drain()  # events keep flowing
@@ -179,10 +189,13 @@ def test_a_failed_forward_forgets_the_hashes_it_never_computed():
     s.add_request(req("b", range(20, 30), max_tokens=1))
     s.schedule()  # hashes b's blocks 1, 2 ... and the forward fails
     assert {b.id for b in s.kv.pool.cached.values()} == {0, 1, 2}
+    s.log.drain()
     assert s.kv.uncache_uncomputed() == 2
+    assert [(e.block, e.reason) for e in s.log.drain()] == [(1, "rollback"), (2, "rollback")]
     assert {b.id for b in s.kv.pool.cached.values()} == {0}
-    assert s.kv.pool.num_evictions == 0
+    assert s.log.counts.num_evictions == 0  # withdrawn hashes are no LRU evictions
+    assert s.log.counts.num_rollback_evictions == 2
     # nothing is left to forget once a step's forward has run
     s.add_request(req("c", range(40, 50), max_tokens=1))
-    s.update_from_output(s.schedule(), {"b": [1], "c": [1]})
+    s.update_from_output(s.schedule(), tokens({"b": 1, "c": 1}))
     assert s.kv.uncache_uncomputed() == 0

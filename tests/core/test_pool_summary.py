@@ -3,7 +3,7 @@ the full snapshot, after every operation, and is hand-checked on a small state."
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engine.core.pool_summary import PoolSummary, summarize_snapshot
+from engine.events.pool_summary import PoolSummary
 
 from tests.core.driver import make_scheduler, req, step
 from tests.core.test_invariants import op, run_ops
@@ -16,7 +16,7 @@ def test_live_summary_equals_snapshot_summary_after_every_operation(ops, prefix,
                        max_num_seqs=4)
 
     def check(_s):
-        assert s.pool_summary() == summarize_snapshot(s.snapshot(tokens=False))
+        assert s.pool_summary() == s.snapshot(tokens=False).summary()
 
     run_ops(s, ops, check)
 
@@ -44,7 +44,7 @@ def test_summary_of_shared_partial_and_cached_blocks():
         num_cached_free_blocks=2,  # "old"'s two full blocks, freed but hittable
         num_requests_waiting=0, num_requests_running=2, num_requests_preempted=0,
     )
-    assert got == summarize_snapshot(s.snapshot())
+    assert got == s.snapshot().summary()
     figures = got.figures()
     assert figures["kv_cache_usage"] == 4 / 12
     assert figures["internal_fragmentation"] == 1 - 9 / 16

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-from engine.core.pool_summary import summarize_snapshot
 from engine.events.metrics import LatencyObservations, MetricsConfig, MetricsTracker
 from engine.events.step import StepRecord
 from engine.store.recorder import Recorder
@@ -51,8 +50,9 @@ def make_records(block_size: int = 4, num_blocks: int = 48, budget: int = 32,
                      if e.type == "request_progress" and e.request_id in first_seen)
         itl = tuple(0.05 for e in events if e.type == "request_progress" and e.new_token_ids)
         snap = s.snapshot()
-        metrics = tracker.update(events, summarize_snapshot(snap), ts, LatencyObservations(ttft, itl[len(ttft):]))
-        records.append(StepRecord(seq, snap["step"], ts, events, metrics))
+        metrics = tracker.update(events, snap.summary(), ts,
+                                 LatencyObservations(ttft, itl[len(ttft):]))
+        records.append(StepRecord(seq, snap.step, ts, events, metrics))
         seq += 1
         if seq > 2000:
             raise AssertionError("fake workload did not finish")

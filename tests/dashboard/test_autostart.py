@@ -8,7 +8,7 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard import connection as C
+from dashboard import connection
 from tests.dashboard.conftest import APP, free_port, release_streamlit_resources
 
 
@@ -37,7 +37,7 @@ def _run_until(at: AppTest, pred, timeout: float, what: str) -> None:
 def test_dashboard_starts_a_server_and_stops_it_at_exit(autostart_env):
     at = AppTest.from_file(str(APP), default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]
-    proc = C.server_status().managed
+    proc = connection.server_status().managed
     assert proc is not None and proc.alive() and str(autostart_env) in proc.cmd
     assert "--num-kv-blocks" in proc.cmd
     _run_until(at, lambda a: any(m.label == "blocks used" for m in a.metric), 120,

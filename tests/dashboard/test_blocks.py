@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from engine.events import types as T
+from engine.events.pool_snapshot import BlockView
+from engine.events.types import (
+    BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, PrefixHit,
+)
 
-from dashboard import palette as P
+from dashboard import palette
 from dashboard.blocks import block_state, changes, grid_data, owners, request_rows
 from dashboard.event_log import event_rows, step_summary
 from tests.core.driver import make_scheduler, req, step
@@ -21,23 +24,26 @@ def _forked_pool():
 
 
 def test_block_states_follow_ref_count_and_hash():
-    assert block_state({"ref_count": 0, "hash": None}) == P.FREE
-    assert block_state({"ref_count": 0, "hash": "ab"}) == P.CACHED
-    assert block_state({"ref_count": 1, "hash": "ab"}) == P.USED
-    assert block_state({"ref_count": 3, "hash": None}) == P.SHARED
+    def view(ref, h):
+        return BlockView(0, ref, h, 0, None)
+
+    assert block_state(view(0, None)) == palette.FREE
+    assert block_state(view(0, "ab")) == palette.CACHED
+    assert block_state(view(1, "ab")) == palette.USED
+    assert block_state(view(3, None)) == palette.SHARED
 
 
 def test_grid_data_counts_owners_and_hover():
     snap, events = _forked_pool()
     d = grid_data(snap, events)
-    assert len(d.states) == snap["num_blocks"] == sum(d.counts.values())
+    assert len(d.states) == snap.num_blocks == sum(d.counts.values())
     own = owners(snap)
-    shared = [i for i, s in enumerate(d.states) if s == P.SHARED]
+    shared = [i for i, s in enumerate(d.states) if s == palette.SHARED]
     assert shared, "the fork shares its prompt blocks"
     for i in shared:
         assert {rid for rid, _ in own[i]} == {"a", "a#1"}
         assert "owners: a[" in d.hover[i] and "ref 2" in d.hover[i]
-    cows = [e for e in events if isinstance(e, T.CowCopy)]
+    cows = [e for e in events if isinstance(e, CowCopy)]
     assert cows, "the first write into the shared partial block copies it"
     for e in cows:
         assert e.dst in d.changed and "copy-on-write copy" in d.hover[e.dst]
@@ -46,15 +52,15 @@ def test_grid_data_counts_owners_and_hover():
 def test_hover_shows_token_ids_of_partial_blocks_and_text_when_given():
     snap, events = _forked_pool()
     d = grid_data(snap, events, token_text=lambda ids: "<" + ",".join(map(str, ids)) + ">")
-    first = snap["requests"]["a"]["block_table"][0]
+    first = snap.requests["a"].block_table[0]
     assert "token ids: [0, 1, 2, 3]" in d.hover[first]
     assert "text: '<0,1,2,3>'" in d.hover[first]
 
 
 def test_changes_name_every_block_event():
-    ev = [T.BlockAllocated(1, 3, "r", 0), T.BlockFreed(1, 4, "r", 0),
-          T.BlockCached(1, 3, "abcdef0123", None, (1, 2)), T.BlockEvicted(1, 5, "ffff0000"),
-          T.PrefixHit(1, "q", (6, 7), 8), T.CowCopy(1, "r", 6, 8, 1)]
+    ev = [BlockAllocated(1, 3, "r", 0), BlockFreed(1, 4, "r", 0),
+          BlockCached(1, 3, "abcdef0123", None, (1, 2)), BlockEvicted(1, 5, "ffff0000"),
+          PrefixHit(1, "q", (6, 7), 8), CowCopy(1, "r", 6, 8, 1, 1)]
     got = changes(ev)
     assert set(got) == {3, 4, 5, 6, 7, 8}
     assert got[3] == ["allocated to r[0]", "cached as abcdef01"]
@@ -67,7 +73,7 @@ def test_request_rows_report_fill_of_each_entry():
     a = rows["a"]
     assert a["fills"][:2] == [4, 4] and 0 < a["fills"][-1] <= 4
     assert rows["a#1"]["parent_id"] == "a"
-    assert a["states"][0] == P.SHARED
+    assert a["states"][0] == palette.SHARED
 
 
 def test_event_log_rows_and_summary():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
-from dashboard import palette as P
+from dashboard import palette
 from dashboard.contiguous import baselines, split_now, summary_table
-from dashboard.figures import fragmentation as FR
+from dashboard.figures import fragmentation
 from dashboard.figures.compare import PANELS, overlay_figure
 from dashboard.figures.grid import grid_figure
 from dashboard.figures.latency import latency_figure
-from dashboard.figures.prefix import hit_rate_figure, misses_figure
+from dashboard.figures.prefix import hit_rate_figure, misses_figure, resumed_caption
 from dashboard.figures.scheduler import budget_figure, queues_figure
 from dashboard.figures.tables import tables_figure
 from dashboard.figures.timeline import events_figure
@@ -47,10 +47,10 @@ def test_grid_has_one_heatmap_cell_per_block_and_state_swatches(run):
     heat = fig.data[0]
     assert isinstance(heat, go.Heatmap)
     cells = [v for row in heat.z for v in row if v == v]  # drop NaN padding
-    assert len(cells) == snap["num_blocks"]
+    assert len(cells) == snap.num_blocks
     names = " ".join(t.name for t in fig.data[1:])
-    for s in P.BLOCK_STATES:
-        assert P.BLOCK_LABELS[s] in names
+    for s in palette.BLOCK_STATES:
+        assert palette.BLOCK_LABELS[s] in names
     assert "changed in the last step" in names
     _check(fig)
 
@@ -61,7 +61,7 @@ def test_time_series_figures(run):
     df = metrics_frame(history)
     assert len(df) == len(records) and df["step"].is_monotonic_increasing
     for fig in (hit_rate_figure(df), misses_figure(df), budget_figure(df), queues_figure(df),
-                events_figure(df, rec.step), FR.usage_figure(df, rec.step),
+                events_figure(df, rec.step), fragmentation.usage_figure(df, rec.step),
                 tables_figure(snap),
                 latency_figure(latency_samples(history), latest(history))):
         _check(fig)
@@ -85,14 +85,15 @@ def test_paged_vs_contiguous(run):
     assert paged["allocator"].startswith("paged")
     # reserving max_model_len per request fits fewer requests than paging does
     assert mml["max running requests"] <= paged["max running requests"]
-    _check(FR.split_figure(rows, cap, rec.step))
-    _check(FR.concurrency_figure(base, rec.step))
+    _check(fragmentation.split_figure(rows, cap, rec.step))
+    _check(fragmentation.concurrency_figure(base, rec.step))
 
 
 def test_empty_inputs_give_explaining_placeholders():
     df = metrics_frame([])
     for fig in (hit_rate_figure(df), misses_figure(df), budget_figure(df), queues_figure(df),
-                events_figure(df), FR.usage_figure(df), FR.concurrency_figure(None),
+                events_figure(df), fragmentation.usage_figure(df),
+                fragmentation.concurrency_figure(None),
                 latency_figure({"ttft_s": [], "itl_s": [], "e2e_s": []}, {})):
         assert fig.layout.annotations and fig.layout.annotations[0].text
 
@@ -104,3 +105,30 @@ def test_compare_overlay(run):
         fig = overlay_figure(df, df, col, title, scale)
         assert [t.name for t in fig.data] == ["run A", "run B"]
         _check(fig)
+
+
+def test_prefix_panel_shows_lookups_after_preemption_apart():
+    """A pool small enough to preempt: the resumed requests' lookups are their own traces,
+    "recomputed after preemption" among them, and the hit rate leaves them out."""
+    _, records, _ = make_records(num_blocks=20)
+    history = [r.metrics for r in records]
+    last = history[-1]
+    q, h = last["prefix_cache_resumed_queries"], last["prefix_cache_resumed_hits"]
+    assert last["num_preemptions"] > 0 and q > 0
+    assert last["prefix_cache_hit_rate"] == last["prefix_cache_hits"] / last["prefix_cache_queries"]
+    fig = misses_figure(metrics_frame(history))
+    traces = {t.name: t for t in fig.data}
+    assert list(traces["recomputed after preemption"].y)[-1] == q - h
+    assert list(traces["after preemption: found cached again"].y)[-1] == h
+    _check(fig)
+    assert resumed_caption(last).startswith(f"Recomputed after preemption: {q - h} tokens")
+    assert "No preempted request" in resumed_caption({})
+
+
+def test_misses_figure_with_prefix_caching_off_shows_the_disabled_tokens():
+    _, records, _ = make_records(prefix=False)
+    df = metrics_frame([r.metrics for r in records])
+    assert not df["prefix_cache_queries"].max()  # vLLM's counters count nothing
+    fig = misses_figure(df)
+    assert not fig.layout.annotations
+    assert "miss: disabled" in [t.name for t in fig.data]

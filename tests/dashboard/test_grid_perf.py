@@ -28,9 +28,9 @@ def _render(snap, events) -> int:
 
 def test_grid_of_1024_blocks_renders_well_within_the_refresh_period():
     snap, events = big_snapshot(num_blocks=1024, block_size=16, num_requests=64)
-    running = [r for r in snap["requests"].values() if r["status"] == "running"]
+    running = [r for r in snap.requests.values() if r.status == "running"]
     assert len(running) == 64
-    assert sum(b["ref_count"] > 0 for b in snap["blocks"]) > 512
+    assert sum(b.ref_count > 0 for b in snap.blocks) > 512
     _render(snap, events)  # warm-up: plotly builds its validators on first use
     times = []
     for _ in range(5):

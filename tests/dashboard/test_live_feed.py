@@ -1,14 +1,19 @@
-"""LiveFeed keeps the whole live run: new steps from the client's window, gaps from SQLite."""
+"""LiveFeed keeps the whole live run: new steps from the client's window, gaps from the
+server (steps_since), never from the database's tables."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
+from engine.client import KVScopeClient, LiveConnection, ServerError
 from engine.events.reducer import PoolState
 from engine.store.runs import RunStore
 
 from dashboard.live_feed import LiveFeed
 from tests.dashboard.fake_runs import record_run
+from tests.server.conftest import db_path, make_server, tiny_llama  # noqa: F401 (fixtures)
+from tests.server.helpers import GREEDY
 
 
 def _view(run_id, records, upto, window=5, config=None):
@@ -18,25 +23,37 @@ def _view(run_id, records, upto, window=5, config=None):
     for r in records[:upto + 1]:
         state.apply_step(r)
     return SimpleNamespace(run_id=run_id, seq=records[upto].seq, state=state.to_snapshot(),
-                           config=config, metrics=records[upto].metrics,
-                           recent_steps=[{"type": "step", **r.to_dict()} for r in shown])
+                           config=config, metrics=records[upto].metrics, recent_steps=shown)
 
 
-def test_feed_fills_gaps_from_the_recording_and_resets_on_a_new_run(tmp_path):
+def _server_like(store: RunStore):
+    """What the server answers to steps_since for a recorded run (its recording part)."""
+    asked = []
+
+    def steps_since(run_id, seq, until):
+        asked.append((run_id, seq, until))
+        return store.steps_after(run_id, seq)
+
+    return steps_since, asked
+
+
+def test_feed_fills_gaps_from_the_server_and_resets_on_a_new_run(tmp_path):
     db = str(tmp_path / "runs.sqlite")
     run_id = record_run(db, num_blocks=20)
     store = RunStore(db)
     records = store.load_steps(run_id)
     config = store.get_run(run_id)["config"]
-    feed = LiveFeed(store)
+    steps_since, asked = _server_like(store)
+    feed = LiveFeed(steps_since)
     feed.note_submission("sys-0", {"max_tokens": 6})
 
     got = feed.poll(_view(run_id, records, 3, config=config))
-    assert [r.seq for r in got] == [r.seq for r in records[:4]]
+    assert [r.seq for r in got] == [r.seq for r in records[:4]] and not asked
     # the client's window scrolled past steps 4..9 between two polls
     last = len(records) - 1
     got = feed.poll(_view(run_id, records, last, window=3, config=config))
     assert [r.seq for r in got] == [r.seq for r in records] and feed.missing_steps == 0
+    assert asked == [(run_id, 3, last - 3)]  # only the gap was asked for
 
     frame = feed.frame(_view(run_id, records, last, config=config), got)
     assert frame.source == "live" and frame.events == records[-1].events
@@ -47,13 +64,45 @@ def test_feed_fills_gaps_from_the_recording_and_resets_on_a_new_run(tmp_path):
     assert [r.seq for r in feed.poll(_view(other, others, 1, config=config))] == [0, 1]
 
 
-def test_feed_without_a_recording_counts_lost_steps(tmp_path):
-    store = RunStore(str(tmp_path / "empty.sqlite"))
+def test_feed_without_the_steps_on_the_server_counts_lost_steps(tmp_path):
     db = str(tmp_path / "runs.sqlite")
     run_id = record_run(db, num_blocks=20)
     src = RunStore(db)
     records, config = src.load_steps(run_id), src.get_run(run_id)["config"]
-    feed = LiveFeed(store)  # looks in the wrong database: nothing to fill with
-    feed.poll(_view(run_id, records, 1, config=config))
-    got = feed.poll(_view(run_id, records, 10, window=2, config=config))
-    assert feed.missing_steps == 7 and [r.seq for r in got][-2:] == [9, 10]
+
+    def refused(run_id, seq, until):  # e.g. a server that recorded nothing of this run
+        raise ServerError("unknown_run", "not here", op="steps_since")
+
+    for steps_since in (lambda run_id, seq, until: [], refused):
+        feed = LiveFeed(steps_since)
+        feed.poll(_view(run_id, records, 1, config=config))
+        got = feed.poll(_view(run_id, records, 10, window=2, config=config))
+        assert feed.missing_steps == 7 and [r.seq for r in got][-2:] == [9, 10]
+
+
+def test_live_feed_fills_its_gap_through_a_real_connection(make_server):  # noqa: F811
+    # A client window of 3 steps, many steps between two polls: the feed asks the
+    # server for the rest and ends up with exactly the run's steps.
+    server = make_server(step_history=8)  # and the server's own buffer is small: SQLite too
+    live = LiveConnection(server.url, recent_steps=3, retry_s=0.1).start()
+    try:
+        assert live.wait_live(30)
+        feed = LiveFeed(lambda run_id, seq, until: live.steps_since(seq, run_id, until=until))
+        assert feed.poll(live.view()) == []
+        with KVScopeClient(server.url, timeout=30) as c:
+            for i in range(4):
+                c.generate(f"prompt {i}", params=GREEDY)
+            last = c.snapshot().seq
+        deadline = time.monotonic() + 30
+        while live.view().seq != last:
+            assert time.monotonic() < deadline, "the live view did not catch up"
+            time.sleep(0.02)
+        view = live.view()
+        assert len(view.recent_steps) == 3 and last > 3 + 8  # window and buffer both short
+        assert server.recorder.flush(30)
+        got = feed.poll(view)
+        stored = RunStore(server.options.db).load_steps(server.health.run_id)
+        assert [r.to_dict() for r in got] == [r.to_dict() for r in stored]
+        assert [r.seq for r in got] == list(range(last + 1)) and feed.missing_steps == 0
+    finally:
+        live.stop()

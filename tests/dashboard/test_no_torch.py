@@ -1,11 +1,15 @@
-"""The dashboard never imports torch, transformers or the model side of the engine.
+"""The dashboard never imports torch, transformers or the model side of the engine,
+and neither do the clients it uses (engine.client, engine.protocol).
 
-A subprocess blocks those imports, imports every dashboard module, then runs every
-page with AppTest (pages import more as they render) and checks sys.modules.
+A subprocess blocks those imports, imports every module of the clients and the
+dashboard, then runs every page with AppTest (pages import more as they render) and
+checks sys.modules. The dashboard also never reads the store's tables itself.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 
@@ -21,6 +25,10 @@ class Block:
             raise ImportError(f"{name} is blocked: the dashboard must not import it")
 
 sys.meta_path.insert(0, Block())
+import engine.client, engine.protocol
+for pkg in (engine.client, engine.protocol):
+    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+        importlib.import_module(m.name)
 import dashboard
 for m in pkgutil.walk_packages(dashboard.__path__, "dashboard."):
     if not m.name.startswith("dashboard.views"):  # page scripts run below, in AppTest
@@ -46,3 +54,33 @@ def test_dashboard_imports_no_torch(tmp_path):
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+SQL = re.compile(r"\b(select|insert|update|delete|create)\b.+\b(from|into|set|table|where)\b", re.I)
+DRIVERS = ("sqlite3", "sqlite_utils")
+WHERE_NOT_WHAT = {"resolve_db_path", "is_uri"}  # engine.store.db names that say where the file is
+
+
+def test_dashboard_does_not_know_the_store_schema():
+    """Stored runs come through engine.store's public API (RunStore), live gaps through
+    the server (steps_since): no SQL, no table names, no sqlite in the dashboard."""
+    offenders = []
+    for path in sorted((ROOT / "dashboard").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                offenders += [f"{where}: imports {a.name}" for a in node.names
+                              if a.name.split(".")[0] in DRIVERS]
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if module.split(".")[0] in DRIVERS or module == "engine.store.recorder" or (
+                        module == "engine.store.db"
+                        and {a.name for a in node.names} - WHERE_NOT_WHAT):
+                    offenders.append(f"{where}: imports from {module}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL.search(node.value):
+                offenders.append(f"{where}: SQL {node.value[:40]!r}")
+            elif (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                  and node.slice.value in ("runs", "steps", "requests")
+                  and isinstance(node.value, ast.Name) and node.value.id in ("d", "db")):
+                offenders.append(f"{where}: table {node.slice.value!r}")
+    assert not offenders, offenders

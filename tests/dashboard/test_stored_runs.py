@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.store.runs import RunStore
@@ -26,9 +28,8 @@ def test_state_after_every_step_matches_the_store(stored, monkeypatch):
     monkeypatch.setattr(stored_runs, "CHECKPOINT_EVERY", 4)  # exercise checkpoints
     order = list(range(len(sr.records)))
     for i in order[::-1] + order:  # backwards first: checkpoints are made out of order
-        got = sr.state_after(i).to_snapshot()
         want = store.snapshot_at(run_id, sr.records[i].step)
-        got["step"] = want["step"]
+        got = dataclasses.replace(sr.state_after(i).to_snapshot(), step=want.step)
         assert got == want, f"step {sr.records[i].step}"
 
 

@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from engine import LLM, SamplingParams
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
@@ -37,3 +39,55 @@ def test_step_records_rebuild_engine_state_on_a_mixed_workload(tiny_llama):
         eng.step()
     assert checked > 10
     assert {"prefix_hit", "cow_copy", "request_forked", "block_evicted", "request_preempted"} <= kinds
+
+
+COUNTED = ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_resumed_queries",
+           "prefix_cache_resumed_hits", "num_preemptions", "num_evictions", "cow_copies")
+
+
+def _pressure(eng, monkeypatch):
+    """Shared prompts on a small pool (hits, LRU evictions, preemptions, forks), one prefix
+    reset and one failed forward (its hashes are withdrawn)."""
+    rng = random.Random(1)
+    system = list(range(100, 113))
+    for i in range(8):
+        prompt = system + [rng.randrange(3, 250) for _ in range(rng.randrange(1, 10))]
+        eng.add_request(prompt, SamplingParams(temperature=0.8, seed=i, n=3 if i in (3, 6) else 1,
+                                               max_tokens=rng.randrange(6, 16)))
+        eng.step()
+        if i == 4:
+            eng.reset_prefix_cache()
+    while eng.has_unfinished_requests():
+        eng.step()
+    eng.add_request(list(range(200, 218)), SamplingParams(temperature=0, max_tokens=2),
+                    request_id="doomed")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    with monkeypatch.context() as m:
+        m.setattr(eng.runner, "execute", broken)
+        with pytest.raises(RuntimeError):
+            eng.step()
+    eng.abort_request("doomed")
+    eng.add_request(system + [7, 8], SamplingParams(temperature=0, max_tokens=3))
+    while eng.has_unfinished_requests():
+        eng.step()
+
+
+def test_stats_and_step_metrics_count_from_one_tracker(tiny_llama, monkeypatch):
+    llm = LLM(model=tiny_llama, block_size=4, num_kv_blocks=16, max_model_len=48,
+              max_num_batched_tokens=16, max_num_seqs=4)
+    eng = llm.engine
+    _pressure(eng, monkeypatch)
+    stats, m = llm.stats(), eng.last_metrics
+    assert {k: stats[k] for k in COUNTED} == {k: m[k] for k in COUNTED}
+    # every kind of hash drop happened, and only LRU reuse counts as an eviction
+    assert m["num_evictions"] > 0 and m["num_preemptions"] > 0 and m["cow_copies"] > 0
+    assert m["num_reset_evictions"] > 0 and m["num_rollback_evictions"] > 0
+    assert m["prefix_cache_resumed_queries"] > 0
+    # the same counts with events off: the tracker sees every event either way
+    quiet = LLM(model=tiny_llama, block_size=4, num_kv_blocks=16, max_model_len=48,
+                max_num_batched_tokens=16, max_num_seqs=4, enable_events=False)
+    _pressure(quiet.engine, monkeypatch)
+    assert {k: quiet.stats()[k] for k in COUNTED} == {k: stats[k] for k in COUNTED}

@@ -2,7 +2,10 @@
 
 import pytest
 
-from engine.events import types as T
+from engine.events.types import (
+    BlockAllocated, BlockFreed, PrefixLookup, RequestArrived, RequestFinished, RequestForked,
+    RequestProgress, RequestScheduled,
+)
 from engine.events.baseline import (
     BaselineConfig, Reservation, TraceRequest, compare, paged_steps, simulate, summarize,
     trace_from_records,
@@ -86,12 +89,12 @@ def rec(seq, step, events):
 
 def test_trace_from_records():
     records = [
-        rec(0, 1, [T.RequestArrived(1, "a", 3), T.RequestArrived(1, "b", 2, arrival_index=1),
-                   T.RequestProgress(1, "a", 4, 3, (9,))]),
-        rec(1, 2, [T.RequestProgress(2, "a", 5, 4, (9,)),
-                   T.RequestForked(2, "a.1", "a", (0,), 5, 4),
-                   T.RequestProgress(2, "b", 3, 2, (1,))]),
-        rec(2, 3, [T.RequestProgress(3, "a.1", 7, 6, (1, 2))]),
+        rec(0, 1, [RequestArrived(1, "a", 3), RequestArrived(1, "b", 2, arrival_index=1),
+                   RequestProgress(1, "a", 4, 3, (9,))]),
+        rec(1, 2, [RequestProgress(2, "a", 5, 4, (9,)),
+                   RequestForked(2, "a.1", "a", (0,), 5, 4),
+                   RequestProgress(2, "b", 3, 2, (1,))]),
+        rec(2, 3, [RequestProgress(3, "a.1", 7, 6, (1, 2))]),
     ]
     assert trace_from_records(records, {"a": 4}) == [
         TraceRequest("a", 1, 3, 2, 4),
@@ -102,15 +105,15 @@ def test_trace_from_records():
 
 def paged_records():
     def admit(step, rid, blocks, n):
-        return ([T.RequestArrived(step, rid, n), T.PrefixLookup(step, rid, n, 0, n, 0, 0, 0)]
-                + [T.BlockAllocated(step, b, rid, i) for i, b in enumerate(blocks)]
-                + [T.RequestScheduled(step, rid, n, "prefill")])
+        return ([RequestArrived(step, rid, n), PrefixLookup(step, rid, n, 0, n, 0, 0, 0)]
+                + [BlockAllocated(step, b, rid, i) for i, b in enumerate(blocks)]
+                + [RequestScheduled(step, rid, n, "prefill")])
     return [
-        rec(0, 1, admit(1, "a", [0, 1], 6) + [T.RequestProgress(1, "a", 7, 6, (9,))]),
-        rec(1, 2, admit(2, "b", [2], 3) + [T.RequestProgress(2, "b", 4, 3, (9,)),
-                                           T.RequestProgress(2, "a", 8, 7, (9,))]),
-        rec(2, 3, [T.BlockFreed(3, 1, "a", 0), T.BlockFreed(3, 0, "a", 0),
-                   T.RequestFinished(3, "a", "length"), T.RequestProgress(3, "b", 5, 4, (9,))]),
+        rec(0, 1, admit(1, "a", [0, 1], 6) + [RequestProgress(1, "a", 7, 6, (9,))]),
+        rec(1, 2, admit(2, "b", [2], 3) + [RequestProgress(2, "b", 4, 3, (9,)),
+                                           RequestProgress(2, "a", 8, 7, (9,))]),
+        rec(2, 3, [BlockFreed(3, 1, "a", 0), BlockFreed(3, 0, "a", 0),
+                   RequestFinished(3, "a", "length"), RequestProgress(3, "b", 5, 4, (9,))]),
     ]
 
 

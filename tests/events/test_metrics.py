@@ -4,12 +4,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.events import types as T
 from engine.events.metrics import (
     MISS_CAUSES, LatencyObservations, MetricsConfig, MetricsTracker, percentile,
 )
-from engine.core.pool_summary import summarize_snapshot
-from engine.events.reducer import empty_state
+from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.reducer import PoolState
+from engine.events.types import (
+    BlockAllocated, BlockEvicted, CowCopy, PrefixCacheReset, PrefixHit, PrefixLookup,
+    RequestFinished, RequestPreempted, RequestProgress, RequestScheduled,
+)
+
+
+def summarize_snapshot(d):
+    """The summary of a snapshot written as its JSON form (hand-checked states)."""
+    return PoolSnapshot.from_dict(d).summary()
 
 
 def block(i, ref, fill, h=None):
@@ -35,25 +43,27 @@ def test_pool_figures_hand_checked():  # PoolSummary.figures of a snapshot dict
         "kv_cache_usage": 0.5,            # 2 of 4 blocks referenced
         "kv_token_usage": 6 / 16,         # cached-free slots do not count
         "internal_fragmentation": 0.25,   # 1 - 6 / (2 blocks * 4), shared counted once
-        "num_used_blocks": 2, "num_free_blocks": 2, "num_shared_blocks": 2,
+        "num_used_blocks": 2, "num_filled_slots": 6, "num_free_blocks": 2,
+        "num_shared_blocks": 2,
         "num_cached_free_blocks": 1,
     }
-    assert summarize_snapshot(empty_state(3, 4)).figures()["internal_fragmentation"] == 0.0
+    assert PoolState(3, 4).to_snapshot().summary().figures()["internal_fragmentation"] == 0.0
 
 
 STEP1 = [
-    T.PrefixLookup(1, "a", 10, 4, 4, 0, 2, 0),
-    T.PrefixHit(1, "a", (0,), 4),
-    T.PrefixLookup(1, "b", 8, 0, 0, 4, 4, 0),
-    T.RequestScheduled(1, "a", 6, "prefill", 4),
-    T.RequestScheduled(1, "b", 8, "prefill", 0),
-    T.RequestScheduled(1, "c", 1, "decode", 9),
-    T.RequestPreempted(1, "d"),
-    T.CowCopy(1, "c", 1, 2, 0),
-    T.BlockEvicted(1, 3, "h3"), T.BlockAllocated(1, 3, "b", 1),  # LRU eviction
-    T.BlockEvicted(1, 5, "h5"), T.BlockEvicted(1, 6, "h6"), T.PrefixCacheReset(1),
-    T.RequestProgress(1, "c", 11, 10, (5, 6)),
-    T.RequestFinished(1, "e", "stop"),
+    PrefixLookup(1, "a", 10, 4, 4, 0, 2, 0),
+    PrefixHit(1, "a", (0,), 4),
+    PrefixLookup(1, "b", 8, 0, 0, 4, 4, 0),
+    RequestScheduled(1, "a", 6, "prefill", 4),
+    RequestScheduled(1, "b", 8, "prefill", 0),
+    RequestScheduled(1, "c", 1, "decode", 9),
+    RequestPreempted(1, "d"),
+    CowCopy(1, "c", 1, 2, 0, src_ref_count=1),
+    BlockEvicted(1, 3, "h3", "reuse"), BlockAllocated(1, 3, "b", 1),  # LRU eviction
+    BlockEvicted(1, 5, "h5", "reset"), BlockEvicted(1, 6, "h6", "reset"), PrefixCacheReset(1),
+    BlockEvicted(1, 7, "h7", "rollback"),  # a failed forward withdrew a hash
+    RequestProgress(1, "c", 11, 10, (5, 6)),
+    RequestFinished(1, "e", "stop"),
 ]
 
 
@@ -66,6 +76,7 @@ def test_step_counters_and_scheduler_figures():
     assert out["prefix_cache_hit_rate"] == out["prefix_cache_hit_rate_step"] == 4 / 18
     assert [out[f"prefix_cache_miss_{c}"] for c in MISS_CAUSES] == [4, 4, 6, 0]
     assert (out["num_preemptions"], out["cow_copies"], out["num_evictions"]) == (1, 1, 1)
+    assert (out["num_reset_evictions"], out["num_rollback_evictions"]) == (2, 1)
     assert out["prefix_cache_resets"] == 1 and out["num_requests_finished"] == 1
     assert (out["num_requests_waiting"], out["num_requests_running"],
             out["num_requests_preempted"]) == (1, 2, 1)
@@ -87,7 +98,7 @@ def test_step_counters_and_scheduler_figures():
 def test_latency_percentiles_and_throughput_window():
     m = MetricsTracker(MetricsConfig(4, 4, 16, throughput_window_s=10.0))
     s = snap()
-    prog = lambda n: [T.RequestProgress(1, "a", 1, 1, tuple(range(n)))]  # noqa: E731
+    prog = lambda n: [RequestProgress(1, "a", 1, 1, tuple(range(n)))]  # noqa: E731
     o = m.update(prog(2), summarize_snapshot(s), 0.0, LatencyObservations(ttft_s=(0.1, 0.3)))
     assert o["ttft_s"] == [0.1, 0.3] and o["itl_s"] == [] and o["e2e_p50_s"] is None
     assert o["ttft_p50_s"] == pytest.approx(0.2)
@@ -117,16 +128,34 @@ def test_config_validation():
         LatencyObservations(ttft_s=(-1.0,))
 
 
-lookup = st.tuples(*(st.integers(0, 64) for _ in range(5))).map(
-    lambda t: T.PrefixLookup(1, "r", sum(t), t[0], t[1], t[2], t[3], t[4]))
+# A lookup is either with caching on (no disabled tokens) or off (all disabled), and
+# either a first admission or a resumed (preempted) request's.
+_enabled = st.tuples(*(st.integers(0, 64) for _ in range(4)), st.booleans()).map(
+    lambda t: PrefixLookup(1, "r", sum(t[:4]), t[0], t[1], t[2], t[3], 0, resumed=t[4]))
+_disabled = st.tuples(st.integers(1, 64), st.booleans()).map(
+    lambda t: PrefixLookup(1, "r", t[0], 0, 0, 0, 0, t[0], resumed=t[1]))
+lookup = st.one_of(_enabled, _disabled)
 
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.lists(lookup, max_size=4), max_size=6))
 def test_miss_causes_add_up_to_queries_minus_hits(steps):
     m = MetricsTracker(MetricsConfig(4, 4, 16))
+    totals = {"first": 0, "resumed_q": 0, "resumed_h": 0}
     for i, evs in enumerate(steps):
         o = m.update(evs, summarize_snapshot(snap()), float(i))
+        firsts = [e for e in evs if not e.resumed]
+        resumed = [e for e in evs if e.resumed and e.caching_enabled]
+        totals["first"] += sum(e.num_query_tokens for e in firsts)
+        totals["resumed_q"] += sum(e.num_query_tokens for e in resumed)
+        totals["resumed_h"] += sum(e.num_hit_tokens for e in resumed)
         for suffix in ("", "_step"):
+            # first admissions: hits and the misses by cause (disabled included) cover
+            # every token looked up; the vLLM-named queries leave the disabled ones out
             misses = sum(o[f"prefix_cache_miss_{c}{suffix}"] for c in MISS_CAUSES)
-            assert misses == o[f"prefix_cache_queries{suffix}"] - o[f"prefix_cache_hits{suffix}"]
+            looked_up = (sum(e.num_query_tokens for e in firsts) if suffix else totals["first"])
+            assert o[f"prefix_cache_hits{suffix}"] + misses == looked_up
+            assert o[f"prefix_cache_queries{suffix}"] == looked_up - o[
+                f"prefix_cache_miss_disabled{suffix}"]
+        assert (o["prefix_cache_resumed_queries"], o["prefix_cache_resumed_hits"]) == \
+            (totals["resumed_q"], totals["resumed_h"])

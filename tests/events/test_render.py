@@ -2,7 +2,10 @@
 
 import pytest
 
-from engine.events import types as T
+from engine.events.types import (
+    BlockAllocated, BlockCached, BlockFreed, PrefixLookup, RequestArrived, RequestFinished,
+    RequestForked, RequestProgress, RequestScheduled,
+)
 from engine.events.reducer import PoolState
 from engine.events.render import render_grid, render_snapshot, render_tables
 
@@ -10,16 +13,16 @@ from engine.events.render import render_grid, render_snapshot, render_tables
 def state():
     s = PoolState(10, 4)
     s.apply_events([
-        T.RequestArrived(1, "a", 6), T.PrefixLookup(1, "a", 6, 0, 4, 0, 2, 0),
-        T.BlockAllocated(1, 0, "a", 0), T.BlockAllocated(1, 1, "a", 1),
-        T.RequestScheduled(1, "a", 6, "prefill"), T.RequestProgress(1, "a", 7, 6, (9,)),
-        T.BlockCached(1, 0, "h0", None, (1, 2, 3, 4)),
-        T.RequestForked(1, "a.1", "a", (0, 1), 7, 6, (), 1),
-        T.RequestArrived(1, "b", 4, arrival_index=2), T.PrefixLookup(1, "b", 4, 0, 4, 0, 0, 0),
-        T.BlockAllocated(1, 2, "b", 0), T.RequestScheduled(1, "b", 4, "prefill"),
-        T.RequestProgress(1, "b", 5, 4, (9,)), T.BlockCached(1, 2, "h2", None, (5, 6, 7, 8)),
-        T.BlockFreed(2, 2, "b", 0), T.RequestFinished(2, "b", "stop"),
-        T.RequestArrived(2, "w", 3, arrival_index=3),
+        RequestArrived(1, "a", 6), PrefixLookup(1, "a", 6, 0, 4, 0, 2, 0),
+        BlockAllocated(1, 0, "a", 0), BlockAllocated(1, 1, "a", 1),
+        RequestScheduled(1, "a", 6, "prefill"), RequestProgress(1, "a", 7, 6, (9,)),
+        BlockCached(1, 0, "h0", None, (1, 2, 3, 4)),
+        RequestForked(1, "a.1", "a", (0, 1), 7, 6, (), 1),
+        RequestArrived(1, "b", 4, arrival_index=2), PrefixLookup(1, "b", 4, 0, 4, 0, 0, 0),
+        BlockAllocated(1, 2, "b", 0), RequestScheduled(1, "b", 4, "prefill"),
+        RequestProgress(1, "b", 5, 4, (9,)), BlockCached(1, 2, "h2", None, (5, 6, 7, 8)),
+        BlockFreed(2, 2, "b", 0), RequestFinished(2, "b", "stop"),
+        RequestArrived(2, "w", 3, arrival_index=3),
     ])
     return s.to_snapshot()
 

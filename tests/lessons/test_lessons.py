@@ -53,7 +53,7 @@ def test_lesson_runs_end_to_end_and_is_recorded(n, lesson_doc, lesson_db):
         for k in ("num_blocks", "block_size", "max_model_len", "max_num_batched_tokens"):
             assert run["config"][k] == r["config"].get(k, run["config"][k])
     pool = doc["pool"]
-    assert store.snapshot_at(pool["run_id"], pool["step"]) == pool["snapshot"]  # replayable
+    assert store.snapshot_at(pool["run_id"], pool["step"]).to_dict() == pool["snapshot"]  # replayable
     assert "pool at step" in pool["text"]
 
 

@@ -18,9 +18,22 @@ def client_for(server, api_key: str = "unused", **kw) -> openai.OpenAI:
                          timeout=kw.pop("timeout", 60), **kw)
 
 
+SERVED = "llama"  # the API tests' --served-model-name (their --model is the tiny model's path)
+
+
 @pytest.fixture
-def server(make_server):
-    return make_server()
+def api_server(make_server):
+    """``make_server``, with the tiny Llama served as "llama" (vLLM's --served-model-name)."""
+    def make(**kw):
+        kw.setdefault("served_model_name", (SERVED,))
+        return make_server(**kw)
+
+    return make
+
+
+@pytest.fixture
+def server(api_server):
+    return api_server()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ def test_models_lists_the_served_model(client, server):
     (model,) = client.models.list().data
     assert model.id == "llama" and model.object == "model" and model.owned_by == "kvscope"
     assert model.max_model_len == 64
-    assert client.models.list().data[0].id == server.health.model
+    assert client.models.list().data[0].id == server.options.model_name
 
 
 def test_completion_shape_and_usage(client):
@@ -144,8 +144,8 @@ def test_logprobs_in_each_endpoints_format(client):
     assert none.choices[0].logprobs is None
 
 
-def test_repeated_long_system_prompt_hits_the_prefix_cache(make_server):
-    server = make_server(engine={"max_model_len": 256, "num_kv_blocks": 256})
+def test_repeated_long_system_prompt_hits_the_prefix_cache(api_server):
+    server = api_server(engine={"max_model_len": 256, "num_kv_blocks": 256})
     client = client_for(server)
     system = {"role": "system", "content": "You are a careful assistant who answers briefly. " * 2}
     first = client.chat.completions.create(model="llama", messages=[system, {"role": "user", "content": "a"}],
@@ -191,9 +191,6 @@ def test_greedy_completion_equals_llm_generate(client, tiny_llama):
     assert r.usage.prompt_tokens == len(chat.prompt_token_ids)
 
 
-@pytest.mark.xfail(strict=True, reason="engine/request_group.py streams a stop string's first "
-                   "characters before the rest arrives; the output processor (engine-step "
-                   "branch) holds them back. Remove this mark when it lands.")
 def test_streamed_text_equals_non_streamed_with_a_stop_string(client):
     kw = dict(model="llama", prompt="prompt number 7", temperature=0, max_tokens=20, stop=["A7"],
               extra_body=NO_EOS)

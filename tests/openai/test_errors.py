@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from tests.openai.conftest import GREEDY, NO_EOS, Gate, client_for, post
+from tests.tiny_models import VOCAB_SIZE
 
 TOKEN = "a-long-enough-test-token-0123456789"
 CHAT = [{"role": "user", "content": "hi"}]
@@ -36,6 +37,14 @@ def test_bad_parameters_are_400_naming_the_parameter(client):
     with pytest.raises(openai.BadRequestError) as e:  # token ids outside the vocabulary
         client.completions.create(model="llama", prompt=[1, 99999])
     assert "vocabulary" in _body(e.value)["message"]
+    # top_k is checked against the vocabulary at admission (SamplingParams' own check,
+    # the same as for a websocket submit), and still names the parameter
+    vocab = VOCAB_SIZE
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llama", prompt="x", extra_body={"top_k": 1 << 63})
+    err = _body(e.value)
+    assert err["param"] == "top_k" and err["code"] == "invalid_value"
+    assert f"vocabulary size ({vocab})" in err["message"]
     _still_serves(client)
 
 
@@ -60,13 +69,39 @@ def test_unknown_model_is_404(client, tiny_llama):
         client.chat.completions.create(model="gpt-4o", messages=CHAT)
     err = _body(e.value)
     assert err["code"] == "model_not_found" and err["param"] == "model" and "'llama'" in err["message"]
-    # the path the server was started with is an alias of the model
-    r = client.completions.create(model=tiny_llama, prompt="alias", extra_body=NO_EOS, **GREEDY)
-    assert r.model == tiny_llama
+    # with --served-model-name, those are the only names (as in vLLM): not the --model path
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model=tiny_llama, prompt="x", extra_body=NO_EOS, **GREEDY)
+    _still_serves(client)
 
 
-def test_token_required_as_bearer_when_set(make_server):
-    server = make_server(token=TOKEN)
+def test_served_model_names_name_the_api_and_the_metrics(make_server, tiny_llama):
+    # without --served-model-name the API answers to --model, as vLLM does
+    plain = make_server()
+    with client_for(plain) as c:
+        assert [m.id for m in c.models.list().data] == [tiny_llama]
+        r = c.completions.create(model=tiny_llama, prompt="by path", extra_body=NO_EOS, **GREEDY)
+        assert r.model == tiny_llama
+        with pytest.raises(openai.NotFoundError):
+            c.completions.create(model="llama", prompt="x", **GREEDY)
+    # several names: all listed and accepted; the first answers for a call without a model
+    # and labels the Prometheus series, so the API and the dashboards agree
+    named = make_server(served_model_name=("tiny", "tiny-alias"))
+    with client_for(named) as c:
+        assert [m.id for m in c.models.list().data] == ["tiny", "tiny-alias"]
+        assert c.completions.create(model="tiny-alias", prompt="b", extra_body=NO_EOS,
+                                    **GREEDY).model == "tiny-alias"
+    status, _, raw = post(named, "/v1/completions", {"prompt": "no model", "max_tokens": 2})
+    assert status == 200 and json.loads(raw)["model"] == "tiny"
+    status, _, metrics = post(named, "/metrics", None, method="GET")
+    assert status == 200 and 'model_name="tiny"' in metrics.decode()
+    assert 'model_name="tiny-alias"' not in metrics.decode()
+    status, _, health = post(named, "/healthz", None, method="GET")
+    assert json.loads(health)["served_model_name"] == "tiny"  # what the Submit page's snippet uses
+
+
+def test_token_required_as_bearer_when_set(api_server):
+    server = api_server(token=TOKEN)
     for key in ("none", "wrong-token"):
         with client_for(server, api_key=key) as c, pytest.raises(openai.AuthenticationError) as e:
             c.models.list()
@@ -79,9 +114,9 @@ def test_token_required_as_bearer_when_set(make_server):
         _still_serves(c)
 
 
-def test_loading_is_503(make_server):
+def test_loading_is_503(api_server):
     gate = Gate()
-    server = make_server(ready=False, engine_factory=gate)
+    server = api_server(ready=False, engine_factory=gate)
     with client_for(server) as c:
         for call in (lambda: c.models.list(),
                      lambda: c.completions.create(model="llama", prompt="x")):
@@ -93,9 +128,9 @@ def test_loading_is_503(make_server):
         _still_serves(c)
 
 
-def test_full_waiting_queue_is_429(make_server):
+def test_full_waiting_queue_is_429(api_server):
     # One sequence runs, one waits; a third request finds the queue full.
-    server = make_server(engine={"max_num_seqs": 1, "max_waiting": 1})
+    server = api_server(engine={"max_num_seqs": 1, "max_waiting": 1})
     c = client_for(server)
     long = dict(model="llama", prompt="busy", temperature=0, max_tokens=50, stream=True,
                 extra_body=NO_EOS)
@@ -115,8 +150,8 @@ def test_full_waiting_queue_is_429(make_server):
             time.sleep(0.05)
 
 
-def test_http_level_errors(make_server):
-    server = make_server(max_frame_bytes=4096)
+def test_http_level_errors(api_server):
+    server = api_server(max_frame_bytes=4096)
     status, _, body = post(server, "/v1/completions", b"{not json")
     assert status == 400 and "not valid JSON" in json.loads(body)["error"]["message"]
     status, _, body = post(server, "/v1/completions", {"prompt": "y" * 5000})
@@ -136,8 +171,8 @@ def test_http_level_errors(make_server):
     assert status == 200
 
 
-def test_many_bad_clients_do_not_stop_others(make_server):
-    server = make_server()
+def test_many_bad_clients_do_not_stop_others(api_server):
+    server = api_server()
     c = client_for(server)
     bad = [{"prompt": "x", "temperature": "hot"}, {"prompt": [[1], []]}, {"messages": "no"},
            {"prompt": "x", "n": 10**6}, {"prompt": "x", "seed": 10**30}, {"prompt": "x" * 100},

@@ -67,7 +67,6 @@ def test_chat_fields():
     ({"prompt": "x", "temperature": "hot"}, "temperature"),
     ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "top_k": -2}, "top_k"),
-    ({"prompt": "x", "top_k": 1 << 63}, "top_k"),
     ({"prompt": "x", "temperature": float("inf")}, "temperature"),
     ({"prompt": "x", "top_p": float("nan")}, "top_p"),
     ({"prompt": "x", "n": 0}, "n"),

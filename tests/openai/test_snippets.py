@@ -10,8 +10,8 @@ from engine.openai.snippets import curl_snippet, python_snippet
 from tests.openai.test_errors import TOKEN
 
 
-def test_python_snippet_runs(make_server, capsys, monkeypatch):
-    server = make_server(token=TOKEN)
+def test_python_snippet_runs(api_server, capsys, monkeypatch):
+    server = api_server(token=TOKEN)
     monkeypatch.setenv("KVSCOPE_TOKEN", TOKEN)
     exec(compile(python_snippet(server.http_url, "llama", token=True), "<snippet>", "exec"), {})
     out = capsys.readouterr().out
@@ -20,8 +20,8 @@ def test_python_snippet_runs(make_server, capsys, monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
-def test_curl_snippet_runs(make_server, monkeypatch):
-    server = make_server(token=TOKEN)
+def test_curl_snippet_runs(api_server, monkeypatch):
+    server = api_server(token=TOKEN)
     monkeypatch.setenv("KVSCOPE_TOKEN", TOKEN)
     res = subprocess.run(["bash", "-c", curl_snippet(server.http_url, "llama", token=True)],
                          capture_output=True, text=True, timeout=60)

@@ -7,7 +7,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from engine.server.client import KVScopeClient
+from engine.client import KVScopeClient
 from engine.store import RunStore
 from tests.openai.conftest import NO_EOS, client_for, post
 
@@ -42,8 +42,8 @@ def test_sse_framing_and_headers(server):
     assert headers["x-kvscope-request-id"] == json.loads(raw)["id"]
 
 
-def test_sixteen_concurrent_streams_all_complete(make_server):
-    server = make_server(engine={"num_kv_blocks": 128})
+def test_sixteen_concurrent_streams_all_complete(api_server):
+    server = api_server(engine={"num_kv_blocks": 128})
     c = client_for(server)
 
     def one(i: int) -> tuple[str, str, int]:
@@ -70,11 +70,11 @@ def test_sixteen_concurrent_streams_all_complete(make_server):
 
 
 def _state(ws: KVScopeClient) -> dict:
-    return ws.snapshot()["state"]
+    return ws.snapshot().state.to_dict()
 
 
-def test_disconnect_mid_stream_aborts_and_frees_blocks(make_server, db_path):
-    server = make_server()
+def test_disconnect_mid_stream_aborts_and_frees_blocks(api_server, db_path):
+    server = api_server()
     with KVScopeClient(server.url, timeout=30) as ws:
         assert not _state(ws)["requests"]
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
@@ -104,8 +104,8 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(make_server, db_path):
     assert len(row["outputs"][0]["token_ids"]) < 55
 
 
-def test_api_requests_go_through_the_same_engine_events_and_recording(make_server, db_path):
-    server = make_server()
+def test_api_requests_go_through_the_same_engine_events_and_recording(api_server, db_path):
+    server = api_server()
     c = client_for(server)
     with KVScopeClient(server.url, timeout=30) as ws:
         raw = c.completions.with_raw_response.create(model="llama", prompt="watch me", max_tokens=3,
@@ -118,20 +118,20 @@ def test_api_requests_go_through_the_same_engine_events_and_recording(make_serve
                                                      extra_body=NO_EOS)
         mine = ws.generate("from the websocket", params={"max_tokens": 2, "ignore_eos": True})
         steps = ws.drain_steps()
-        arrived = {e["request_id"] for s in steps for e in s["events"] if e["type"] == "request_arrived"}
+        arrived = {e.request_id for s in steps for e in s.events if e.type == "request_arrived"}
         base = two.headers["x-kvscope-request-id"]
-        assert {rid, chat.id, f"{base}-0", f"{base}-1", mine["request_id"]} <= arrived
+        assert {rid, chat.id, f"{base}-0", f"{base}-1", mine.request_id} <= arrived
         run_id = ws.run_id
     server.stop()
     rows = {r["request_id"]: r for r in RunStore(db_path).load_requests(run_id)}
-    assert {k: rows[k]["source"] for k in (rid, chat.id, f"{base}-0", mine["request_id"])} == {
-        rid: "openai", chat.id: "openai", f"{base}-0": "openai", mine["request_id"]: "websocket"}
+    assert {k: rows[k]["source"] for k in (rid, chat.id, f"{base}-0", mine.request_id)} == {
+        rid: "openai", chat.id: "openai", f"{base}-0": "openai", mine.request_id: "websocket"}
     assert rows[rid]["prompt"] == "watch me" and rows[rid]["params"]["max_tokens"] == 3
     assert rows[chat.id]["prompt"].startswith("<|im_start|>user\nhi")  # the chat template applied
 
 
-def test_shutdown_ends_streams_with_abort(make_server):
-    server = make_server()
+def test_shutdown_ends_streams_with_abort(api_server):
+    server = api_server()
     c = client_for(server)
     stream = c.completions.create(model="llama", prompt="long one", max_tokens=55, temperature=0,
                                   stream=True, extra_body=NO_EOS)

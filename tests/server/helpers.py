@@ -7,7 +7,7 @@ import time
 import urllib.error
 import urllib.request
 
-from engine.server.client import ws_connect
+from engine.client.connect import ws_connect
 
 GREEDY = {"temperature": 0.0, "max_tokens": 6, "ignore_eos": True}  # random weights may say EOS
 

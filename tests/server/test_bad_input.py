@@ -5,7 +5,7 @@ import json
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from engine.server.client import KVScopeClient
+from engine.client import KVScopeClient
 from tests.server.helpers import GREEDY, raw, recv_until, send
 
 LONG = {"temperature": 0.0, "max_tokens": 40, "ignore_eos": True}
@@ -72,7 +72,7 @@ def test_oversize_frame_closes_only_that_connection(make_server):
         recv_until(ws, lambda m: False)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
     with KVScopeClient(server.url, timeout=20) as c:
-        assert c.generate("still up", params=GREEDY)["outputs"][0]["finish_reason"] == "length"
+        assert c.generate("still up", params=GREEDY).outputs[0]["finish_reason"] == "length"
 
 
 def test_full_queue_and_in_flight_limit(make_server):
@@ -98,6 +98,6 @@ def test_full_queue_and_in_flight_limit(make_server):
     for i in range(3):
         recv_until(a, lambda m, i=i: m["type"] == "finished" and m["request_id"] == f"a{i}", 60)
     with KVScopeClient(server.url, timeout=60) as c:
-        assert c.generate("after", params=GREEDY)["outputs"][0]["finish_reason"] == "length"
+        assert c.generate("after", params=GREEDY).outputs[0]["finish_reason"] == "length"
     a.close()
     b.close()

@@ -3,7 +3,7 @@ nothing is lost, and every request is in SQLite."""
 
 import threading
 
-from engine.server.client import KVScopeClient
+from engine.client import KVScopeClient
 from engine.store import RunStore
 
 
@@ -17,7 +17,7 @@ def _client_run(url: str, name: str, results: dict, errors: list) -> None:
             got = {}
             for rid in rids:
                 msgs = list(c.stream(rid))
-                assert all(m["request_id"] == rid for m in msgs)
+                assert all(m.request_id == rid for m in msgs)
                 got[rid] = msgs
             # anything else this connection received must be steps or its own messages
             leftovers = [m for q in c._by_request.values() for m in q]
@@ -42,11 +42,11 @@ def test_two_clients_twenty_requests_each(make_server, db_path):
         assert sorted(got) == sorted(f"{name}-{i}" for i in range(20))
         for rid, msgs in got.items():
             fin = msgs[-1]
-            assert fin["type"] == "finished"
+            assert fin.type == "finished"
             i = int(rid.split("-")[1])
-            (out,) = fin["outputs"]
+            (out,) = fin.outputs
             assert out["finish_reason"] == "length" and len(out["token_ids"]) == 3 + i % 4
-            assert sum((m["token_ids"] for m in msgs[:-1]), []) == out["token_ids"]
+            assert sum((m.token_ids for m in msgs[:-1]), []) == out["token_ids"]
     run_id = server.health.run_id
     server.stop()
     store = RunStore(db_path)
@@ -56,7 +56,7 @@ def test_two_clients_twenty_requests_each(make_server, db_path):
         for rid, msgs in results[name].items():
             row = reqs[rid]
             assert row["prompt"].startswith(name)
-            assert row["outputs"] == msgs[-1]["outputs"]
+            assert row["outputs"] == msgs[-1].outputs
             assert row["params"]["max_tokens"] == len(row["outputs"][0]["token_ids"])
             assert row["timings"]["e2e"] > 0 and row["timings"]["num_prompt_tokens"] > 0
     run = store.get_run(run_id)

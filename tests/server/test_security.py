@@ -6,7 +6,8 @@ from websockets.exceptions import InvalidStatus
 from engine.cli import main as cli_main
 from engine.config import EngineConfig
 from engine.server.app import ServerOptions
-from engine.server.client import KVScopeClient, ServerError, ws_connect
+from engine.client import KVScopeClient, ServerError
+from engine.client.connect import ws_connect
 from engine.server.security import BindRefused
 from tests.server.helpers import GREEDY, http_get
 
@@ -20,7 +21,7 @@ def test_token_required_on_websocket_and_metrics_but_not_healthz(make_server):
             KVScopeClient(server.url, token=token, timeout=5).connect()
         assert err.value.code == "unauthorized"
     with KVScopeClient(server.url, token=TOKEN, timeout=20) as c:  # Authorization: Bearer
-        assert c.generate("hi", params=GREEDY)["outputs"][0]["finish_reason"] == "length"
+        assert c.generate("hi", params=GREEDY).outputs[0]["finish_reason"] == "length"
     ws = ws_connect(f"{server.url}/?token={TOKEN}", close_timeout=1)  # ?token=
     ws.close()
     assert http_get(server.port, "/metrics")[0] == 401

@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from engine.server.client import KVScopeClient, ServerError
+from engine.client import KVScopeClient, ServerError
 from engine.store import RunStore
 from tests.server.helpers import GREEDY, healthz
 
@@ -52,7 +52,7 @@ def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path)
         short = client.generate("short one", params=GREEDY)
         rid = client.submit("long one", params={"temperature": 0, "max_tokens": 200, "ignore_eos": True})
         stream = client.stream(rid)
-        assert next(stream)["type"] == "output"
+        assert next(stream).type == "output"
         proc.send_signal(signal.SIGTERM)
         fin = None
         try:
@@ -60,8 +60,8 @@ def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path)
                 fin = msg
         except ServerError as exc:
             assert exc.code == "closed"
-        assert fin is not None and fin["type"] == "finished"
-        assert fin["outputs"][0]["finish_reason"] == "abort"
+        assert fin is not None and fin.type == "finished"
+        assert fin.outputs[0]["finish_reason"] == "abort"
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
@@ -81,7 +81,7 @@ def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path)
     last_events = [e for s in steps[-2:] for e in s.events]
     assert any(e.type == "request_finished" and e.reason == "abort" for e in last_events)
     reqs = {r["request_id"]: r for r in store.load_requests(run["id"])}
-    assert set(reqs) == {short["request_id"], rid}
+    assert set(reqs) == {short.request_id, rid}
     assert reqs[rid]["outputs"][0]["finish_reason"] == "abort"
     # the recording replays to the engine's final state: an empty pool
-    assert store.snapshot_at(run["id"])["requests"] == {}
+    assert store.snapshot_at(run["id"]).requests == {}

@@ -3,8 +3,7 @@
 import threading
 
 from engine.events.reducer import PoolState
-from engine.events.step import StepRecord
-from engine.server.client import KVScopeClient
+from engine.client import KVScopeClient
 
 
 def _workload(url: str, started: threading.Event, errors: list) -> None:
@@ -33,16 +32,16 @@ def test_late_joiner_snapshot_plus_steps_equals_fresh_snapshot(make_server):
     assert started.wait(30)
     with KVScopeClient(server.url, timeout=60) as late:
         snap = late.initial_snapshot
-        state = PoolState.from_snapshot(snap["state"])
+        state = PoolState.from_snapshot(snap.state)
         worker.join(60)
         assert not errors, errors
         late.poll(0.5)  # the engine is idle now; collect the last steps
         fresh = late.snapshot()
-        steps = [s for s in late.drain_steps() if s["seq"] > snap["seq"]]
+        steps = [s for s in late.drain_steps() if s.seq > snap.seq]
         assert steps, "the late joiner should have seen steps"
-        assert [s["seq"] for s in steps] == list(range(snap["seq"] + 1, fresh["seq"] + 1))
+        assert [s.seq for s in steps] == list(range(snap.seq + 1, fresh.seq + 1))
         for s in steps:
-            state.apply_step(StepRecord.from_dict(s))
-        assert state.to_snapshot() == fresh["state"]
-        kinds = {e["type"] for s in steps for e in s["events"]}
+            state.apply_step(s)
+        assert state.to_snapshot() == fresh.state
+        kinds = {e.type for s in steps for e in s.events}
         assert {"block_allocated", "request_finished"} <= kinds

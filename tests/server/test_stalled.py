@@ -7,7 +7,8 @@ import socket
 import time
 import urllib.parse
 
-from engine.server.client import KVScopeClient, ws_connect
+from engine.client import KVScopeClient
+from engine.client.connect import ws_connect
 from tests.server.helpers import GREEDY, http_get
 
 STEP_BUFFER = 8
@@ -36,7 +37,7 @@ def _run(client: KVScopeClient, n: int) -> float:
     t0 = time.monotonic()
     for i in range(n):
         fin = client.generate(f"busy {i}", params={**GREEDY, "max_tokens": 12})
-        assert fin["outputs"][0]["finish_reason"] == "length"
+        assert fin.outputs[0]["finish_reason"] == "length"
     return time.monotonic() - t0
 
 
@@ -77,5 +78,5 @@ def test_stalled_reader_does_not_slow_others_and_stays_bounded(make_server):
             m = json.loads(stalled.recv(timeout=10))
             if m["type"] == "snapshot":
                 break
-        assert m["seq"] == busy.snapshot()["seq"]  # idle now: both see the latest step
+        assert m["seq"] == busy.snapshot().seq  # idle now: both see the latest step
         stalled.close()

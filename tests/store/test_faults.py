@@ -8,7 +8,7 @@ import time
 import pytest
 
 from engine.store import Recorder, RunStore
-from tests.store.helpers import CONFIG, records
+from tests.store.helpers import CONFIG, records, wait_until
 
 
 def store_errors(caplog):
@@ -21,15 +21,6 @@ def committed_run(path):
         for r in records():
             rec.record_step(r)
     return run_id
-
-
-def wait_until(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 def assert_paused(rec, caplog, cause):

@@ -50,11 +50,11 @@ def test_snapshot_at_replays_from_the_empty_pool(tmp_path):
     for r in records()[:2]:
         expect.apply_step(r)
     snap = store.snapshot_at(run_id, 2)
-    assert snap == expect.to_snapshot() and snap["step"] == 2
-    assert snap["requests"]["a"]["block_table"] == [0, 1]
+    assert snap == expect.to_snapshot() and snap.step == 2
+    assert snap.requests["a"].block_table == (0, 1)
     last = store.snapshot_at(run_id)
-    assert last["step"] == 3 and set(last["requests"]) == {"b"}
-    assert last["free_queue"] == [1, 3, 0]
+    assert last.step == 3 and set(last.requests) == {"b"}
+    assert last.free_queue == (1, 3, 0)
     assert store.metrics_at(run_id, 2) == {"kv_cache_usage": 0.75}
     with pytest.raises(StepOutOfRangeError, match="steps 1..3"):
         store.snapshot_at(run_id, 4)

@@ -7,7 +7,8 @@ outputs of this client's requests). On a ``seq`` gap it asks for a snapshot.
 
 Any thread may call ``view()`` (a consistent copy), ``submit()`` (returns once
 the server accepted), ``outputs()``, ``abort()``, ``reset_prefix_cache()``,
-``request_snapshot()``, ``restart()``, ``stop()``. No torch imports.
+``request_snapshot()``, ``steps_since()``, ``restart()``, ``stop()``. No torch
+imports.
 
 Writer: the reader thread folds messages under ``_lock``; callers read copies
 under it and send frames under ``_send_lock``.
@@ -15,18 +16,32 @@ under it and send frames under ``_send_lock``.
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from engine.server.client import DEFAULT_URL, ServerError, open_connection, submit_op
-from engine.server.live_state import LinkStatus, LiveState, LiveView, RequestProgress
+from engine.client.connect import DEFAULT_URL, ServerError, open_connection, submit_op
+from engine.client.live_state import LinkNote, LinkStatus, LiveState, LiveView, RequestProgress
+from engine.events.step import StepRecord
+from engine.protocol.codec import decode_message, encode
+from engine.protocol.errors import ProtocolError
+from engine.protocol.messages import Accepted, Error, Message, Ok, Steps
+from engine.protocol.ops import Abort, Op, ResetPrefixCache, Restart, StepsSince, TakeSnapshot
 
-__all__ = ["BackgroundClient", "LinkStatus", "LiveConnection", "LiveView", "RequestProgress"]
+__all__ = ["LinkStatus", "LiveConnection", "LiveView", "RequestProgress"]
+
+
+def _reply_key(msg: Message) -> str | None:
+    """Which caller a reply is for: a request id, or ``op:<op>``."""
+    if isinstance(msg, (Accepted, Error)) and msg.request_id is not None:
+        return msg.request_id
+    if isinstance(msg, (Ok, Error)) and msg.op:
+        return f"op:{msg.op}"
+    if isinstance(msg, Steps):
+        return f"op:{StepsSince.type}"
+    return None
 
 
 class LiveConnection:
@@ -37,11 +52,12 @@ class LiveConnection:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified after every message
         self._send_lock = threading.Lock()
+        self._steps_lock = threading.Lock()  # one steps_since at a time (one reply key)
         self._stopping = threading.Event()
         self._ws: ClientConnection | None = None
         self._live = LiveState(history, recent_steps, max_requests)
         self._awaiting: set[str] = set()  # reply keys a caller waits for
-        self._replies: dict[str, dict[str, Any]] = {}  # by request id, or "op:<op>" for ok
+        self._replies: dict[str, Message] = {}  # by request id, or "op:<op>"
         self._thread = threading.Thread(target=self._run, name="kvscope-live", daemon=True)
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -75,7 +91,7 @@ class LiveConnection:
             view = self._live.view()
             ask = self._live.wants_snapshot()  # e.g. a drift found while copying the state
         if ask:
-            self._try_send({"type": "snapshot"})
+            self._try_send(TakeSnapshot())
         return view
 
     def outputs(self, request_id: str) -> RequestProgress | None:
@@ -93,24 +109,42 @@ class LiveConnection:
         Outputs then collect in the background: see ``outputs(request_id)``."""
         op = submit_op(prompt, messages, params, request_id)
         with self._lock:
-            self._live.track(op["request_id"])
-        self._call(op["request_id"], op, timeout)
-        return op["request_id"]
+            self._live.track(op.request_id)
+        self._call(op.request_id, op, timeout)
+        return op.request_id
 
     def abort(self, request_id: str) -> None:
-        self._send({"type": "abort", "request_id": request_id})
+        self._send(Abort(request_id))
 
     def request_snapshot(self) -> None:
-        self._send({"type": "snapshot"})
+        self._send(TakeSnapshot())
 
-    def reset_prefix_cache(self, timeout: float | None = None) -> dict[str, Any]:
-        return self._call("op:reset_prefix_cache", {"type": "reset_prefix_cache"}, timeout)
+    def reset_prefix_cache(self, timeout: float | None = None) -> Ok:
+        return self._call(f"op:{ResetPrefixCache.type}", ResetPrefixCache(), timeout)
 
-    def restart(self, engine_options: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def restart(self, engine_options: dict[str, Any], timeout: float | None = None) -> Ok:
         """Restart the engine with new pool/scheduler options; returns the ``ok`` message."""
-        return self._call("op:restart", {"type": "restart", "engine": dict(engine_options)}, timeout)
+        try:
+            op = Restart(dict(engine_options))
+        except ProtocolError as exc:
+            raise ServerError.of(exc) from None
+        return self._call(f"op:{Restart.type}", op, timeout)
 
-    def _call(self, key: str, op: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    def steps_since(self, seq: int, run_id: str | None = None, until: int | None = None,
+                    timeout: float | None = None) -> list[StepRecord]:
+        """The steps after ``seq`` of ``run_id`` (default: the live run) the server still
+        has, from its buffer or its recording, asking again while it says ``more``
+        (and no step at or past ``until`` arrived yet)."""
+        out: list[StepRecord] = []
+        with self._steps_lock:
+            while True:
+                reply: Steps = self._call(f"op:{StepsSince.type}", StepsSince(seq, run_id), timeout)
+                out.extend(reply.steps)
+                if not (reply.more and reply.steps) or (until is not None and out[-1].seq >= until):
+                    return out
+                seq, run_id = reply.steps[-1].seq, reply.run_id
+
+    def _call(self, key: str, op: Op, timeout: float | None) -> Any:
         """Send ``op`` and wait for its reply (keyed by request id or ``op:<name>``)."""
         with self._lock:
             self._awaiting.add(key)
@@ -118,25 +152,25 @@ class LiveConnection:
             self._send(op)
             with self._changed:
                 if not self._changed.wait_for(lambda: key in self._replies, timeout or self.timeout):
-                    raise TimeoutError(f"no reply to {op['type']} from {self.url}")
+                    raise TimeoutError(f"no reply to {op.type} from {self.url}")
                 reply = self._replies.pop(key)
         finally:
             with self._lock:
                 self._awaiting.discard(key)
-        if reply["type"] == "error":
-            raise ServerError(reply["code"], reply["message"], reply.get("request_id"))
+        if isinstance(reply, Error):
+            raise ServerError.of(reply)
         return reply
 
-    def _send(self, op: dict[str, Any]) -> None:
+    def _send(self, op: Op) -> None:
         with self._send_lock:
             if self._ws is None:
                 raise ServerError("disconnected", f"not connected to {self.url} ({self._live.status.value})")
             try:
-                self._ws.send(json.dumps(op))
+                self._ws.send(encode(op))
             except ConnectionClosed as exc:
                 raise ServerError("disconnected", str(exc)) from None
 
-    def _try_send(self, op: dict[str, Any]) -> None:
+    def _try_send(self, op: Op) -> None:
         try:
             self._send(op)
         except ServerError:
@@ -148,7 +182,7 @@ class LiveConnection:
         with self._changed:
             self._live.status = status
             if error:
-                self._live.errors.append({"type": "connection", "message": error, "ts": time.time()})
+                self._live.errors.append(LinkNote("connection", error))
             self._changed.notify_all()
 
     def _run(self) -> None:
@@ -186,22 +220,18 @@ class LiveConnection:
                 continue
             with self._changed:
                 try:
-                    msg = json.loads(raw)
+                    msg = decode_message(raw)
+                except ProtocolError as exc:  # not a message: note it, the state is intact
+                    self._live.errors.append(LinkNote("bad_message", exc.message))
+                    continue
+                try:
                     ask = self._live.apply(msg)
-                    self._route_reply(msg)
-                except Exception as exc:  # a bad message must not kill the view: re-base
+                except Exception as exc:  # a message that does not fold must not kill the view
                     self._live.drift(f"could not apply a message: {type(exc).__name__}: {exc}")
                     ask = self._live.wants_snapshot()
+                key = _reply_key(msg)
+                if key in self._awaiting:
+                    self._replies[key] = msg
                 self._changed.notify_all()
             if ask:
-                self._try_send({"type": "snapshot"})
-
-    def _route_reply(self, msg: dict[str, Any]) -> None:  # holds _lock
-        kind, rid, op = msg.get("type"), msg.get("request_id"), msg.get("op")
-        key = rid if kind in ("accepted", "error") and rid is not None else (
-            f"op:{op}" if kind in ("ok", "error") and op else None)
-        if key in self._awaiting:
-            self._replies[key] = msg
-
-
-BackgroundClient = LiveConnection  # the name the issue also uses
+                self._try_send(TakeSnapshot())

@@ -13,12 +13,14 @@ restart) clears the history.
 from __future__ import annotations
 
 import enum
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
-from engine.events.reducer import ImpossibleEventError, PoolState
+from engine.events.reducer import ImpossibleEventError, PoolSnapshot, PoolState
+from engine.events.step import StepRecord
+from engine.protocol.messages import Error, Finished, Hello, Message, Output, Snapshot, Step
 
 
 class LinkStatus(str, enum.Enum):
@@ -33,19 +35,29 @@ class LinkStatus(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class LinkNote:
+    """Something that happened to this client's view: a ``resync``, a ``connection``
+    fault, or a ``bad_message`` it could not decode."""
+
+    kind: str
+    message: str
+    ts: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
 class LiveView:
     """What the server looks like right now, as this connection knows it."""
 
     status: LinkStatus
-    hello: dict[str, Any] | None
+    hello: Hello | None
     run_id: str | None
     config: dict[str, Any] | None
     seq: int  # last step folded into ``state``
-    state: dict[str, Any] | None  # reducer snapshot shape, as of ``seq`` (lags while resyncing)
+    state: PoolSnapshot | None  # the folded pool as of ``seq`` (lags while resyncing)
     metrics: dict[str, Any] | None  # latest step's metrics
     metrics_history: list[dict[str, Any]]  # oldest first, bounded
-    recent_steps: list[dict[str, Any]]  # step messages, oldest first, bounded
-    errors: list[dict[str, Any]]  # recent error messages, resyncs, connection faults
+    recent_steps: list[StepRecord]  # oldest first, bounded
+    errors: list[Error | LinkNote]  # recent error messages, resyncs, connection faults
     num_gaps: int  # times a seq gap forced a resync
 
 
@@ -56,8 +68,8 @@ class RequestProgress:
     request_id: str
     texts: dict[int, str] = field(default_factory=dict)  # by sample index
     token_ids: dict[int, list[int]] = field(default_factory=dict)
-    finished: dict[str, Any] | None = None  # the finished message
-    error: dict[str, Any] | None = None
+    finished: Finished | None = None
+    error: Error | None = None
 
     def copy(self) -> RequestProgress:
         return RequestProgress(self.request_id, dict(self.texts),
@@ -67,16 +79,16 @@ class RequestProgress:
 class LiveState:
     def __init__(self, history: int = 600, recent_steps: int = 100, max_requests: int = 1000) -> None:
         self.status = LinkStatus.CONNECTING
-        self.hello: dict[str, Any] | None = None
+        self.hello: Hello | None = None
         self.state: PoolState | None = None  # None: waiting for a snapshot (or after a drift)
         self.seq = -1
         self.resyncing = False
         self._asked = False  # one snapshot request per resync
-        self._last_good: dict[str, Any] | None = None  # shown while the state is unusable
+        self._last_good: PoolSnapshot | None = None  # shown while the state is unusable
         self.metrics: dict[str, Any] | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=history)
-        self.recent: deque[dict[str, Any]] = deque(maxlen=recent_steps)
-        self.errors: deque[dict[str, Any]] = deque(maxlen=50)
+        self.recent: deque[StepRecord] = deque(maxlen=recent_steps)
+        self.errors: deque[Error | LinkNote] = deque(maxlen=50)
         self.gaps = 0
         self.max_requests = max_requests
         self.requests: OrderedDict[str, RequestProgress] = OrderedDict()
@@ -85,11 +97,11 @@ class LiveState:
 
     def view(self) -> LiveView:
         h = self.hello
-        return LiveView(self.status, h, h.get("run_id") if h else None, h.get("config") if h else None,
+        return LiveView(self.status, h, h.run_id if h else None, h.config if h else None,
                         self.seq, self._state_dict(), self.metrics, list(self.history),
                         list(self.recent), list(self.errors), self.gaps)
 
-    def _state_dict(self) -> dict[str, Any] | None:
+    def _state_dict(self) -> PoolSnapshot | None:
         if self.state is not None:
             try:
                 self._last_good = self.state.to_snapshot()
@@ -105,55 +117,53 @@ class LiveState:
 
     # ---- folding ------------------------------------------------------------------------
 
-    def apply(self, msg: dict[str, Any]) -> bool:
+    def apply(self, msg: Message) -> bool:
         """Fold one server message; True when the caller should now request a snapshot."""
-        kind = msg.get("type")
-        if kind == "hello":
-            if self.hello is None or msg.get("run_id") != self.hello.get("run_id"):
+        if isinstance(msg, Hello):
+            if self.hello is None or msg.run_id != self.hello.run_id:
                 self.history.clear()
                 self.recent.clear()
                 self.metrics = None
             self.hello, self.state, self.seq, self._last_good = msg, None, -1, None
-        elif kind == "snapshot":
-            self.state = PoolState.from_snapshot(msg["state"])
-            self.seq = msg["seq"]
+        elif isinstance(msg, Snapshot):
+            self.state = PoolState.from_snapshot(msg.state)
+            self.seq = msg.seq
             self.resyncing = self._asked = False
-            self.metrics = msg.get("metrics") or self.metrics
+            self.metrics = msg.metrics or self.metrics
             self.status = LinkStatus.LIVE
-        elif kind == "step":
-            self._step(msg)
+        elif isinstance(msg, Step):
+            self._step(msg.record)
             return self.wants_snapshot()
-        elif kind in ("output", "finished", "error") and msg.get("request_id") in self.requests:
-            p = self.requests[msg["request_id"]]
-            if kind == "output":
-                p.texts[msg["index"]] = p.texts.get(msg["index"], "") + msg["text_delta"]
-                p.token_ids.setdefault(msg["index"], []).extend(msg["token_ids"])
-            elif kind == "finished":
+        elif isinstance(msg, (Output, Finished, Error)) and msg.request_id in self.requests:
+            p = self.requests[msg.request_id]
+            if isinstance(msg, Output):
+                p.texts[msg.index] = p.texts.get(msg.index, "") + msg.text_delta
+                p.token_ids.setdefault(msg.index, []).extend(msg.token_ids)
+            elif isinstance(msg, Finished):
                 p.finished = msg
             else:
                 p.error = msg
-        elif kind == "error":
+        elif isinstance(msg, Error):
             self.errors.append(msg)
         return False
 
-    def _step(self, msg: dict[str, Any]) -> None:
-        seq = msg["seq"]
-        if seq <= self.seq:
+    def _step(self, record: StepRecord) -> None:
+        if record.seq <= self.seq:
             return  # already in our snapshot
-        self.metrics = msg.get("metrics")
+        self.metrics = record.metrics
         self.history.append(self.metrics)
-        self.recent.append(msg)
+        self.recent.append(record)
         if self.state is None or self.resyncing:
             return
-        if seq != self.seq + 1:
+        if record.seq != self.seq + 1:
             self.gaps += 1
-            self.resync(f"missed steps {self.seq + 1}..{seq - 1}")
+            self.resync(f"missed steps {self.seq + 1}..{record.seq - 1}")
             return
         try:
-            self.state.apply_step(SimpleNamespace(events=msg["events"], step=msg["step"]))
-            self.seq = seq
+            self.state.apply_step(record)
+            self.seq = record.seq
         except (ImpossibleEventError, KeyError, ValueError) as exc:
-            self.drift(f"reducer drift at step {msg.get('step')}: {exc}")
+            self.drift(f"reducer drift at step {record.step}: {exc}")
 
     def wants_snapshot(self) -> bool:
         """True once per resync: the moment to ask the server for a snapshot."""
@@ -166,7 +176,7 @@ class LiveState:
         """Stop folding until a snapshot arrives (the state stays valid as of ``seq``)."""
         self.resyncing, self._asked = True, False
         self.status = LinkStatus.RESYNCING
-        self.errors.append({"type": "resync", "message": why})
+        self.errors.append(LinkNote("resync", why))
 
     def drift(self, why: str) -> None:
         """Like ``resync``, but the state may be half-applied: drop it."""

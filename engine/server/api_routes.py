@@ -28,14 +28,14 @@ from starlette.routing import BaseRoute, Route
 
 from engine.openai import sse
 from engine.openai.choices import Assembler
-from engine.openai.desk import ApiDesk, Exchange, raise_refusal
 from engine.openai.errors import ApiError, from_engine
 from engine.openai.request import ApiRequest, Endpoint, ParseLimits, check_model, parse_chat, parse_completion
 from engine.openai.token_strings import TokenStrings
-from engine.server import engine_commands as C
+from engine.protocol.messages import Error, Ok
+from engine.protocol.ops import ResetPrefixCache
+from engine.server.api_desk import ApiDesk, Exchange, raise_refusal
 from engine.server.health import HealthBoard, Status
 from engine.server.http import Gate
-from engine.server.protocol import Error, Ok
 
 REQUEST_ID_HEADER = "x-kvscope-request-id"
 RUN_ID_HEADER = "x-kvscope-run-id"
@@ -93,7 +93,10 @@ class ApiContext:
     gate: Gate
     limits: ParseLimits
     max_body_bytes: int
-    aliases: tuple[str, ...] = ()  # names besides the model's own (the --model argument)
+    # The names the API answers to (vLLM's --served-model-name, else --model): listed by
+    # /v1/models, the only accepted ``model`` values; the first one names answers and
+    # labels the Prometheus series (ServerOptions.model_name).
+    names: tuple[str, ...]
     _strings: TokenStrings | None = None
     _strings_path: str | None = None
 
@@ -121,13 +124,10 @@ class ApiContext:
         if health.status is Status.LOADING:
             raise ApiError(503, f"the model is still loading ({health.detail}); retry shortly",
                            "server_error", None, "loading")
-        if health.status is not Status.READY:
+        if not health.serving:  # ready, or degraded (a recorder problem): both serve
             raise ApiError(503, f"the engine is not serving: {health.detail}", "server_error", None,
                            "unavailable")
         return health
-
-    def served(self, health) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((health.model, *self.aliases)))
 
     async def body(self, request: Request) -> Any:
         size = request.headers.get("content-length")
@@ -160,7 +160,7 @@ async def models(ctx: ApiContext, request: Request) -> Response:
     data = [{"id": name, "object": "model", "created": int(ctx.board.started), "owned_by": "kvscope",
              "root": cfg.get("model", name), "parent": None,
              "max_model_len": cfg.get("max_model_len"), "permission": []}
-            for name in ctx.served(health)[:1]]  # the aliases are accepted, not listed
+            for name in ctx.names]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -169,7 +169,7 @@ async def reset_prefix_cache(ctx: ApiContext, request: Request) -> Response:
     ctx.ready()
     ex = ctx.desk.open()
     try:
-        ex.command(C.ResetPrefixCache(ex.conn_id))
+        ex.send(ResetPrefixCache())
         reply = await ex.reply()
     finally:
         ctx.desk.close(ex)
@@ -187,7 +187,7 @@ def _submit(ex: Exchange, req: ApiRequest, rid: str) -> list[str]:
     else:
         items = [(f"{rid}-{i}", p, None) for i, p in enumerate(req.prompts)]
     for r, prompt, messages in items:
-        ex.submit(C.Submit(ex.conn_id, r, prompt, messages, req.params, C.Source.OPENAI))
+        ex.submit(prompt, messages, req.params, r)
     return [r for r, _, _ in items]
 
 
@@ -197,14 +197,14 @@ async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Res
     parse = parse_chat if endpoint is Endpoint.CHAT else parse_completion
     req = parse(body, ctx.limits)
     health = ctx.ready()
-    check_model(req.model, ctx.served(health))
+    check_model(req.model, ctx.names)
     rid = f"{'chatcmpl' if endpoint is Endpoint.CHAT else 'cmpl'}-{secrets.token_hex(12)}"
     ex = ctx.desk.open()
     streaming = False
     try:
         rids = _submit(ex, req, rid)
         await _unless_gone(request, ex.accept_all())
-        asm = Assembler(req, rids, rid, req.model or health.model, int(time.time()), ctx.strings())
+        asm = Assembler(req, rids, rid, req.model or ctx.names[0], int(time.time()), ctx.strings())
         if req.stream:
             streaming = True
             return _Stream(_events(ex, asm), lambda: ctx.desk.close(ex), media_type=sse.MEDIA_TYPE,

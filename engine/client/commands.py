@@ -1,0 +1,71 @@
+"""``kvscope submit`` (engine.cli registers it via add_client_subcommands).
+
+Imports stay light here: the CLI builds its parser for every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from engine.protocol.handshake import TOKEN_ENV
+
+
+def add_client_subcommands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="send one prompt to a running server and stream the answer")
+    p.add_argument("prompt")
+    p.add_argument("--url", default="ws://127.0.0.1:8765")
+    p.add_argument("--token", default=None, help=f"server token (default ${TOKEN_ENV})")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    p.add_argument("--n", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a starting server")
+    p.add_argument("--json", action="store_true", help="print the finished message as JSON")
+    p.set_defaults(func=cmd_submit)
+
+
+def _figure(v: object, unit: str = "") -> str:
+    return "-" if v is None else (f"{v:.3f}{unit}" if isinstance(v, float) else f"{v}{unit}")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from engine.client import KVScopeClient, ServerError
+    from engine.protocol import Finished, Output, encode
+
+    params = {"n": args.n, "temperature": args.temperature, "top_p": args.top_p,
+              "max_tokens": args.max_tokens, "seed": args.seed, "stop": args.stop or []}
+    kwargs = ({"messages": [{"role": "user", "content": args.prompt}]} if args.chat
+              else {"prompt": args.prompt})
+    client = KVScopeClient(args.url, token=args.token or os.environ.get(TOKEN_ENV))
+    try:
+        client.connect(wait=args.wait)
+        rid = client.submit(params=params, **kwargs)
+        finished: Finished | None = None
+        for msg in client.stream(rid):
+            if isinstance(msg, Output) and msg.index == 0 and not args.json:
+                sys.stdout.write(msg.text_delta)
+                sys.stdout.flush()
+            elif isinstance(msg, Finished):
+                finished = msg
+    except (ServerError, OSError, TimeoutError) as exc:
+        print(f"\nkvscope submit: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if args.json:
+        print(encode(finished))
+        return 0
+    print()
+    for out in finished.outputs[1:]:
+        print(f"--- sample {out['index']}\n{out['text']}")
+    m = finished.metrics
+    reasons = ",".join(str(o["finish_reason"]) for o in finished.outputs)
+    print(f"--- {rid}: finish={reasons} prompt_tokens={m.get('num_prompt_tokens')} "
+          f"cached_tokens={m.get('num_cached_tokens')} output_tokens={m.get('num_output_tokens')} "
+          f"ttft={_figure(m.get('ttft'), 's')} e2e={_figure(m.get('e2e'), 's')}")
+    return 0

@@ -1,0 +1,187 @@
+"""Server messages: what the server sends, one frame each.
+
+One type per message, used on both ends: the server builds and encodes it, a
+client decodes the frame back into the same type. Each is
+``{"type": <name>, **fields}`` on the wire; a step carries a ``StepRecord``
+(``engine.events.step``), the one type for a published step everywhere.
+Decoding ignores fields it does not know, so a newer server's additions do not
+break an older client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.step import StepRecord
+from engine.protocol.errors import ErrorCode, ProtocolError
+
+
+def _shallow(obj: Any) -> dict[str, Any]:
+    # Not dataclasses.asdict: that deep-copies, and a snapshot's state is big.
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """Base of every server message; ``type`` is its name on the wire."""
+
+    type: ClassVar[str] = "message"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **_shallow(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Message:
+        """The message a decoded frame describes; ProtocolError if a field is missing."""
+        try:
+            return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        except TypeError as exc:
+            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed {cls.type} message: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(Message):
+    """First message of a connection, and again after every restart (a new run)."""
+
+    type: ClassVar[str] = "hello"
+    protocol: int
+    run_id: str | None
+    config: dict[str, Any]
+    limits: dict[str, Any] = field(default_factory=dict)  # this server's bounds
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot(Message):
+    """The pool state after step message ``seq`` (-1: before any step of this run),
+    and the metrics of that step ({} before any)."""
+
+    type: ClassVar[str] = "snapshot"
+    seq: int
+    state: PoolSnapshot
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "seq": self.seq, "state": self.state.to_dict(),
+                "metrics": self.metrics}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Snapshot:
+        try:
+            return cls(int(d["seq"]), PoolSnapshot.from_dict(d["state"]), dict(d.get("metrics") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed snapshot message: {exc!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Step(Message):
+    """One engine step: ``{"type": "step", seq, step, ts, events, metrics}``."""
+
+    type: ClassVar[str] = "step"
+    record: StepRecord
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **self.record.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Step:
+        try:
+            return cls(StepRecord.from_dict(d))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed step message: {exc!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Steps(Message):
+    """The answer to ``steps_since``: run ``run_id``'s steps after seq ``since``, in seq
+    order. Steps neither buffered nor recorded are absent (a gap in ``seq``). ``more``:
+    the reply stopped at its size bound; ask again from the last seq."""
+
+    type: ClassVar[str] = "steps"
+    run_id: str | None
+    since: int
+    steps: list[StepRecord]
+    more: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "run_id": self.run_id, "since": self.since,
+                "steps": [r.to_dict() for r in self.steps], "more": self.more}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Steps:
+        try:
+            return cls(d["run_id"], int(d["since"]), [StepRecord.from_dict(s) for s in d["steps"]],
+                       bool(d.get("more", False)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed steps message: {exc!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted(Message):
+    type: ClassVar[str] = "accepted"
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Output(Message):
+    """New text/tokens of sample ``index`` since its previous ``output``."""
+
+    type: ClassVar[str] = "output"
+    request_id: str
+    index: int
+    text_delta: str
+    token_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished(Message):
+    """``outputs``: [{index, text, token_ids, finish_reason, stop_reason}];
+    ``metrics``: times (unix s), ttft/e2e (s), token counts incl. num_cached_tokens."""
+
+    type: ClassVar[str] = "finished"
+    request_id: str
+    outputs: list[dict[str, Any]]
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Error(Message):
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+    request_id: str | None = None
+    op: str | None = None  # the op that failed, so a client can match the reply
+
+    @classmethod
+    def from_exc(cls, exc: ProtocolError) -> Error:
+        return cls(exc.code, exc.message, exc.request_id, exc.op)
+
+
+@dataclass(frozen=True, slots=True)
+class Ok(Message):
+    """Acknowledges ``reset_prefix_cache`` and ``restart``; ``result`` says what happened."""
+
+    type: ClassVar[str] = "ok"
+    op: str
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Pong(Message):
+    type: ClassVar[str] = "pong"
+    ts: float  # server wall clock, so a client can see clock offset
+
+
+MESSAGES: dict[str, type[Message]] = {cls.type: cls for cls in (
+    Hello, Snapshot, Step, Steps, Accepted, Output, Finished, Error, Ok, Pong)}
+
+
+def message_from_dict(d: Any) -> Message:
+    """The typed message of a decoded frame; raises ProtocolError for anything else."""
+    if not isinstance(d, dict):
+        raise ProtocolError(ErrorCode.BAD_JSON, "a server message must be a JSON object")
+    cls = MESSAGES.get(d.get("type"))
+    if cls is None:
+        raise ProtocolError(ErrorCode.BAD_JSON, f"unknown message type {d.get('type')!r}")
+    return cls.from_dict(d)

@@ -1,0 +1,176 @@
+"""ApiDesk and Exchange: HTTP API calls as sinks of the engine thread's mailbox (loop thread).
+
+An API call is an ``Exchange``: a ``Sink`` (``engine.server.sink``) with its own id
+from the mailbox and source ``openai``, which the engine thread records with each of
+its requests. It sends its engine requests as protocol ``Submit`` ops through the
+same bounded mailbox as websocket ops, and the engine thread's answers come back to
+it through ``deliver`` on the loop thread: ``Accepted`` or ``Error`` per request, the
+RequestOutputs of every step in which a request progressed, ``Ok`` for a control op.
+When the call ends for any reason (answered, client gone, error) the desk sends
+``Detach``, which aborts whatever of it is still live: blocks freed, ``abort`` in the
+events. Detach queues behind the exchange's own Submits (the mailbox is FIFO), so
+even a request still in the queue cannot outlive its caller.
+
+Outputs are coalesced per request while the handler is busy (a slow reader gets
+bigger deltas, not a growing queue): memory per exchange stays bounded by its
+requests' own outputs. Coalescing keeps the latest RequestOutput of a request and
+joins the deltas in between; reading the latest is safe after the engine moved on
+(``engine.outputs``: a sample's token ids and logprobs only grow, and the Assembler
+slices them by position).
+
+Writer: the loop thread only (``Hub.deliver`` calls ``Exchange.deliver``; the route
+handlers call the rest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import ClassVar
+
+from engine.core.sampling_params import SamplingParams
+from engine.openai.choices import Update
+from engine.openai.errors import ApiError, from_engine
+from engine.outputs import RequestOutput
+from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.protocol.messages import Accepted, Error, Message
+from engine.protocol.ops import Op, Submit
+from engine.server.mailbox import Detach, Mailbox
+from engine.server.sink import Sink, SinkItem, Source
+
+LIVENESS_POLL_S = 1.0  # how often a waiting handler checks that the engine thread still runs
+
+
+def _busy() -> ApiError:
+    return ApiError(429, "the engine's command queue is full; retry shortly", "rate_limit_error",
+                    None, "busy")
+
+
+class Exchange(Sink):
+    """One API call's sink (see module docstring)."""
+
+    source: ClassVar[Source] = Source.OPENAI
+
+    def __init__(self, desk: ApiDesk, sink_id: int) -> None:
+        self.desk = desk
+        self.id = sink_id
+        self.closed = False
+        self.rids: list[str] = []
+        self.accepted: set[str] = set()
+        self.refusal: Error | None = None  # the first error before every request was accepted
+        self.late_errors: list[Error] = []  # errors after acceptance (an engine fault)
+        self.replies: list[Message] = []  # ok / error for control ops
+        # request id -> (latest output, per sample: delta texts and token ids since last look)
+        self._pending: dict[str, tuple[RequestOutput, dict[int, tuple[list[str], list[int]]]]] = {}
+        self._wake = asyncio.Event()
+
+    # ---- into the engine --------------------------------------------------------------
+
+    def submit(self, prompt: str | list[int] | None, messages: list[dict[str, str]] | None,
+               params: SamplingParams, request_id: str) -> None:
+        """Queue one engine request; 429 when the engine's mailbox is full."""
+        try:
+            op = Submit(prompt, messages, params, request_id)
+        except ProtocolError as exc:  # the API's parser checked these already; say so if not
+            raise from_engine(Error.from_exc(exc)) from None
+        self.send(op)
+        self.rids.append(request_id)
+
+    def send(self, op: Op) -> None:
+        if not self.desk.mailbox.send(self, op):
+            raise _busy()
+
+    # ---- from the engine (loop thread) -------------------------------------------------
+
+    def deliver(self, item: SinkItem) -> None:
+        if self.closed:
+            return  # the call is over; its Detach is on its way to the engine thread
+        if isinstance(item, RequestOutput):
+            merged = self._pending[item.request_id][1] if item.request_id in self._pending else {}
+            for k, (text, ids) in item.deltas.items():
+                texts, tokens = merged.setdefault(k, ([], []))
+                texts.append(text)
+                tokens.extend(ids)
+            self._pending[item.request_id] = (item, merged)
+        elif isinstance(item, Accepted):
+            self.accepted.add(item.request_id)
+        elif isinstance(item, Error) and item.request_id in self.rids:
+            if item.request_id in self.accepted:
+                self.late_errors.append(item)
+            elif self.refusal is None:
+                self.refusal = item
+        else:
+            self.replies.append(item)
+        self._wake.set()
+
+    # ---- waiting (the route handler) ------------------------------------------------
+
+    async def _wait(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), LIVENESS_POLL_S)
+            except asyncio.TimeoutError:
+                if not self.desk.alive():
+                    raise ApiError(500, "the engine thread has stopped; see the server log",
+                                   "server_error", None, ErrorCode.INTERNAL) from None
+
+    async def accept_all(self) -> None:
+        """Wait until the engine accepted every request of this call; raises the first
+        refusal (the others are aborted when the exchange closes)."""
+        await self._wait(lambda: self.refusal is not None or len(self.accepted) == len(self.rids))
+        if self.refusal is not None:
+            raise_refusal(self.refusal)
+
+    async def updates(self) -> list[Update]:
+        """Everything that arrived since the last call (waits for something)."""
+        await self._wait(lambda: bool(self._pending or self.late_errors))
+        ups = [Update(out, {k: ("".join(t), ids) for k, (t, ids) in merged.items()})
+               for out, merged in self._pending.values()]
+        self._pending.clear()
+        return ups
+
+    def take_errors(self) -> list[Error]:
+        errs, self.late_errors = self.late_errors, []
+        return errs
+
+    async def reply(self) -> Message:
+        """The engine's answer to a control op."""
+        await self._wait(lambda: bool(self.replies))
+        return self.replies.pop(0)
+
+
+def raise_refusal(err: Error) -> None:
+    """The engine's refusal as the HTTP error, naming the parameter where it can: the
+    prompt that does not fit, or the sampling field a check at admission refused
+    (``top_k`` above the vocabulary; SamplingParams' messages start with the field)."""
+    param = None
+    if err.code == ErrorCode.PROMPT_TOO_LONG:
+        param = "prompt"
+    elif err.code == ErrorCode.BAD_PARAMS:
+        word = err.message.split(" ", 1)[0]
+        param = word if word in SamplingParams.__dataclass_fields__ else None
+    raise from_engine(err, param)
+
+
+class ApiDesk:
+    """Opens and closes exchanges; knows which are open (``/healthz``, shutdown)."""
+
+    def __init__(self, mailbox: Mailbox, alive: Callable[[], bool] = lambda: True) -> None:
+        self.mailbox = mailbox
+        self.alive = alive  # False once the engine thread is gone
+        self.exchanges: dict[int, Exchange] = {}
+        self.stopping = False
+
+    def open(self) -> Exchange:
+        ex = Exchange(self, self.mailbox.new_sink_id())
+        self.exchanges[ex.id] = ex
+        return ex
+
+    def close(self, ex: Exchange) -> None:
+        """End an exchange; whatever of it is still live in the engine is aborted."""
+        if self.exchanges.pop(ex.id, None) is None:
+            return
+        ex.closed = True
+        if ex.rids:
+            self.mailbox.send_lifecycle(ex, Detach())

@@ -1,0 +1,125 @@
+"""The package import graph of ``engine`` has no cycle, and its bottom layers stay at
+the bottom: ``engine.events`` imports nothing else from ``engine``, ``engine.core``
+only ``engine.events``.
+
+Nodes are the subpackages (``engine.core``, ``engine.events``, ``engine.model``,
+``engine.server``, ``engine.store``, ...) and the top-level modules (``engine.llm``,
+``engine.cli``, ...); an edge is any import between two of them, at module level,
+inside a function or under ``TYPE_CHECKING`` alike (read with ``ast``, nothing is
+imported).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "engine"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    p = ROOT.joinpath(*name.split("."))
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def _node(name: str) -> str | None:
+    """The graph node a module belongs to: ``engine`` itself, or ``engine.<first part>``."""
+    parts = name.split(".")
+    if parts[0] != "engine":
+        return None
+    return "engine" if len(parts) == 1 else f"engine.{parts[1]}"
+
+
+def _imported_modules(path: Path, module: str) -> set[str]:
+    out: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for n in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = package.split(".")[: len(package.split(".")) - (n.level - 1)]
+                mod = ".".join(base + ([n.module] if n.module else []))
+            else:
+                mod = n.module
+            out.add(mod)
+            # ``from engine.core import snapshot`` imports a module, ``import Scheduler`` a name
+            out.update(f"{mod}.{a.name}" for a in n.names if _is_module(f"{mod}.{a.name}"))
+    return out
+
+
+def package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        src = _node(module)
+        graph.setdefault(src, set())
+        for target in _imported_modules(path, module):
+            dst = _node(target)
+            if dst is not None and dst != src:
+                graph[src].add(dst)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_is_read_from_the_sources():
+    graph = package_graph()
+    assert {"engine.core", "engine.events", "engine.model", "engine.server",
+            "engine.store"} <= set(graph)
+    assert "engine.events" in graph["engine.core"]  # core imports the event types
+    assert "engine.llm_engine" in graph["engine.server"]
+
+
+def test_no_cycle_between_packages():
+    assert cycles(package_graph()) == []
+
+
+def test_events_and_core_stay_at_the_bottom():
+    graph = package_graph()
+    assert graph["engine.events"] == set(), graph["engine.events"]
+    assert graph["engine.core"] == {"engine.events"}, graph["engine.core"]
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
