@@ -43,7 +43,7 @@ class Endpoint(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ParseLimits:
-    max_n: int = 64  # samples per prompt (HubLimits.max_n)
+    max_n: int = 64  # samples per prompt (the server passes request_book.MAX_N)
     max_prompts: int = 64  # prompts per completion request (each is one engine request)
     max_logprobs: int = 20  # SamplingParams' bound
 
