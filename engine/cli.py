@@ -26,6 +26,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument("--n-sharing", default="cow", choices=["cow", "prefix_cache"],
+                   help="how n > 1 samples share KV blocks: cow = copy-on-write forks "
+                   "(paper / vLLM v0), prefix_cache = child requests sharing full prompt "
+                   "blocks through the prefix cache (vLLM v1)")
     g.add_argument("--device", default="auto")
     g.add_argument("--dtype", default="auto")
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])

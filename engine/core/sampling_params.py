@@ -27,8 +27,8 @@ class SamplingParams:
     """Per-request sampling settings, validated on construction.
 
     ``temperature`` below ``GREEDY_TEMPERATURE`` (0 in practice) is greedy. ``n > 1``
-    forks the request after its prompt is prefilled: the children share every KV block
-    copy-on-write. Every numeric field is range-checked here, so a value that passes
+    gives n samples; how they share KV blocks is the engine's ``n_sharing``
+    (``engine.core.config.N_SHARING_MODES``). Every numeric field is range-checked here, so a value that passes
     cannot overflow anywhere later (issue 17); ``top_k`` against the vocabulary is the
     engine's check, since only it knows the vocabulary.
     """
