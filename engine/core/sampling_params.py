@@ -17,6 +17,18 @@ MAX_N = 128  # samples per request; OpenAI's limit for n
 MAX_TOKENS_LIMIT = 1 << 20  # above any max_model_len one kvscope machine holds; bounds every count
 
 
+CLI_TEMPERATURE_HELP = ("sampling temperature (default: 0, greedy, for one sample; 1.0 when "
+                        "--n > 1, since greedy samples of one prompt are all the same)")
+
+
+def cli_temperature(temperature: float | None, n: int) -> float:
+    """The temperature a command line uses: the one given, else greedy (0) for one sample
+    and 1.0 for ``n > 1``, since ``n`` greedy samples of one prompt are all the same."""
+    if temperature is not None:
+        return temperature
+    return 1.0 if n > 1 else 0.0
+
+
 def is_greedy(temperature: float) -> bool:
     """Whether a row with this temperature is sampled by argmax (the one definition)."""
     return temperature < GREEDY_TEMPERATURE
