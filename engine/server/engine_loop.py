@@ -262,7 +262,8 @@ class EngineWorker(threading.Thread):
             # Reuse the loaded weights: only the pool and the scheduler change. The new
             # pool is allocated before the old one is dropped, so a bad config leaves
             # the old engine serving (at the price of both pools for a moment).
-            new = LLMEngine(cfg, build_engine_parts(cfg, loaded=old.parts.loaded))
+            new = LLMEngine(cfg, build_engine_parts(cfg, loaded=old.parts.loaded),
+                            kv_events=old.kv_events)  # one KV event stream across restarts
         except (KVScopeError, TypeError, ValueError) as exc:
             self._reply(cmd.conn_id, Error(E.BAD_CONFIG, str(exc), op="restart"))
             return
@@ -270,6 +271,7 @@ class EngineWorker(threading.Thread):
         if old.has_pending_events():
             self._step()  # publish the aborts into the old run before it ends
         self._finish_run()
+        old.hand_over_kv_events()
         old_run = self.run_id
         self._want_snapshot = [c for c in self._want_snapshot if isinstance(c, C.Attach)]
         self._install(new)
@@ -283,6 +285,7 @@ class EngineWorker(threading.Thread):
             self._step()
         self._finish_run()
         self._flush()
+        self.engine.close()
 
 
 def check_restart(cfg: EngineConfig, old: LLMEngine) -> None:
