@@ -16,6 +16,7 @@ Plain Python (no zmq or msgspec import), so ``engine.config`` can hold one.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import logging
 from dataclasses import dataclass
@@ -115,6 +116,29 @@ class KVEventsConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def network_binds(self) -> list[str]:
+        """The endpoints this config binds on an address other machines can reach.
+
+        The stream carries prompt token ids and ZMQ has no authentication, so a server
+        that keeps to loopback by default asks for an explicit opt-in for these.
+        """
+        if not self.active:
+            return []
+        binds = [self.endpoint] if should_bind(self.endpoint) else []
+        if self.replay_endpoint is not None:
+            binds.append(self.replay_endpoint)  # the replay ROUTER always binds
+        return [e for e in binds if e.startswith("tcp://") and not _loopback_tcp(e)]
+
+
+def _loopback_tcp(endpoint: str) -> bool:
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", an interface name or a hostname: assume reachable
 
 
 def should_bind(endpoint: str) -> bool:

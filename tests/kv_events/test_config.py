@@ -86,3 +86,30 @@ def test_engine_config_needs_prefix_caching_and_events_for_kv_events():
     EngineConfig(model="x", enable_prefix_caching=False, kv_events_config=KVEventsConfig())
     cfg = EngineConfig(model="x", kv_events_config=on)
     assert cfg.to_dict()["kv_events_config"]["enable_kv_cache_events"] is True
+
+
+@pytest.mark.parametrize("config, exposed", [
+    ({}, ["tcp://*:5557"]),  # vLLM's default binds every interface
+    ({"endpoint": "tcp://[::]:5557", "replay_endpoint": "tcp://*:5558"}, ["tcp://[::]:5557", "tcp://*:5558"]),
+    ({"endpoint": "tcp://eth0:5557"}, []),  # no wildcard: connects out, a destination the operator chose
+    ({"endpoint": "ipc:///tmp/kv.sock", "replay_endpoint": "tcp://127.0.0.1:5558"}, []),
+    ({"endpoint": "inproc://kv", "replay_endpoint": "tcp://localhost:5558"}, []),
+    ({"endpoint": "ipc:///tmp/kv.sock", "replay_endpoint": "tcp://[::1]:5558"}, []),
+    ({"endpoint": "ipc:///tmp/kv.sock", "replay_endpoint": "tcp://10.0.0.5:5558"}, ["tcp://10.0.0.5:5558"]),
+])
+def test_network_binds_are_the_endpoints_other_machines_reach(config, exposed):
+    assert KVEventsConfig(enable_kv_cache_events=True, **config).network_binds() == exposed
+    assert KVEventsConfig(**config).network_binds() == []  # disabled: binds nothing
+
+
+def test_a_server_binds_kv_events_beyond_loopback_only_with_allow_remote():
+    from engine.server.app import ServerOptions
+    from engine.server.security import BindRefused
+
+    cfg = EngineConfig(model="x", kv_events_config=KVEventsConfig(enable_kv_cache_events=True))
+    with pytest.raises(BindRefused, match=r"refusing to bind KV events on tcp://\*:5557.*--allow-remote"):
+        ServerOptions(cfg)
+    ServerOptions(cfg, allow_remote=True)  # the operator's explicit choice (the HTTP host stays loopback)
+    local = KVEventsConfig(enable_kv_cache_events=True, endpoint="ipc:///tmp/kv.sock",
+                           replay_endpoint="tcp://127.0.0.1:5558")
+    ServerOptions(EngineConfig(model="x", kv_events_config=local))

@@ -95,17 +95,19 @@ def test_kvscope_serve_publishes_its_cache_and_shuts_down_cleanly(tiny_llama, tm
     assert sub.batches, "".join(log)
 
 
-def test_bad_kv_events_config_fails_before_loading(tiny_llama, tmp_path):
-    for extra, message in (
-        (["--kv-events-config", '{"enable_kv_cache_events": true, "bogus": 1}'], "unknown field(s) 'bogus'"),
-        (["--kv-events-config", "{not json"], "not valid JSON"),
-        (["--no-prefix-caching", "--kv-events-config", '{"enable_kv_cache_events": true}'],
-         "need prefix caching"),
-    ):
-        proc = _serve(tiny_llama, tmp_path, *extra)
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 2, out
-        assert "kvscope serve: " in out and message in out
+@pytest.mark.parametrize("extra, message", [
+    (["--kv-events-config", '{"enable_kv_cache_events": true, "bogus": 1}'], "unknown field(s) 'bogus'"),
+    (["--kv-events-config", "{not json"], "not valid JSON"),
+    (["--no-prefix-caching", "--kv-events-config", '{"enable_kv_cache_events": true}'], "need prefix caching"),
+    (["--kv-events-config", '{"enable_kv_cache_events": true}'],  # vLLM's default: tcp://*:5557
+     "refusing to bind KV events on tcp://*:5557"),
+])
+def test_bad_kv_events_config_fails_before_loading(tiny_llama, capsys, extra, message):
+    from engine.cli import main
+
+    assert main(["serve", "--model", tiny_llama, "--port", "0", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvscope serve: ") and message in err
 
 
 def test_a_restart_keeps_one_stream_and_clears_it(tiny_llama, tmp_path):
