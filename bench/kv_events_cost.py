@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.events_cost import _median_ratio, _off_on_pairs, _thread_cpu_seconds
+from bench.events_cost import _median_ratio, _off_on_pairs, _thread_cpu_seconds, alternate
 from bench.run_kvscope import make_engine
 from bench.workloads import Workload
 
@@ -39,17 +39,17 @@ sock = zmq.Context.instance().socket(zmq.SUB)
 sock.setsockopt(zmq.SUBSCRIBE, b"")
 sock.connect(sys.argv[1])
 print("ready", flush=True)
-n = size = 0
-while sock.poll(3000 if n else 60000):
+seqs, size = [], 0
+while sock.poll(3000 if seqs else 60000):
     topic, seq, payload = sock.recv_multipart()
-    n, size = n + 1, size + len(payload)
-print(json.dumps({"messages": n, "payload_bytes": size}), flush=True)
+    seqs.append(int.from_bytes(seq, "big"))
+    size += len(payload)
+print(json.dumps({"seqs": seqs, "payload_bytes": size}), flush=True)
 """
 
 
 def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int, num_kv_blocks: int,
                       bar, **engine_kw) -> dict:
-    from engine import SamplingParams
     from engine.kv_events.config import KVEventsConfig
 
     with tempfile.TemporaryDirectory(prefix="kvscope-kvbench-") as tmp:
@@ -60,30 +60,19 @@ def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int,
         pub = engine.kv_events
         sub = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, endpoint], stdout=subprocess.PIPE, text=True)
         assert sub.stdout.readline().strip() == "ready"
-        for _ in range(100):  # until the subscription has reached the publisher
+        for _ in range(100):  # until the subscription has surely reached the publisher
             pub.announce_cleared()
             pub.flush()
             time.sleep(0.01)
         first_seq = pub.seq
         listener = pub.on_step
         engine.step_listeners.remove(listener)
-        for i, r in enumerate(workload.requests):
-            engine.add_request(list(r.prompt_ids), SamplingParams(
-                temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True), request_id=f"r{i}")
-        trace: list[tuple[str, float, float, int]] = []  # (mode, wall s, cpu s, new tokens)
         cpu0 = _thread_cpu_seconds(pub._thread.native_id)
-        k = 0
-        while engine.has_unfinished_requests():
-            mode = ("off", "on", "on", "off")[k % 4]
-            k += 1
+
+        def set_mode(mode: str) -> None:
             engine.step_listeners[:] = [listener] if mode == "on" else []
-            t, c = time.perf_counter(), time.thread_time()
-            outs = engine.step()
-            dt, dc = time.perf_counter() - t, time.thread_time() - c
-            new = sum(len(ids) for o in outs for _, ids in o.deltas.values())
-            trace.append((mode, dt, dc, new))
-            if bar is not None:
-                bar.update(new)
+
+        trace = alternate(engine, workload, set_mode, bar)
         t = time.perf_counter()
         pub.flush(30)
         drain = time.perf_counter() - t
@@ -94,7 +83,7 @@ def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int,
         sub.wait(30)
     return {"trace": trace, "publisher_cpu": publisher_cpu, "drain": drain,
             "batches": stats["next_seq"] - first_seq, "dropped_steps": stats["dropped_steps"],
-            "published": stats["next_seq"], "received": got["messages"], "payload_bytes": got["payload_bytes"]}
+            "received": sum(1 for q in got["seqs"] if q >= first_seq), "payload_bytes": got["payload_bytes"]}
 
 
 def run_kv_events_ab(loaded, model: str, workload: Workload, max_num_seqs: int, num_kv_blocks: int,
@@ -132,8 +121,7 @@ def run_kv_events_ab(loaded, model: str, workload: Workload, max_num_seqs: int, 
         "loss": 1 - wall_ratio / (1 + publisher_cpu / busy["on"]),
         "loss_cpu_time": 1 - cpu_ratio / (1 + publisher_cpu / cpu["on"]),
         "batches_published": sum(p["batches"] for p in passes),
-        "messages_published": sum(p["published"] for p in passes),  # probes before the run included
-        "messages_received": sum(p["received"] for p in passes),
+        "batches_received": sum(p["received"] for p in passes),
         "payload_bytes": sum(p["payload_bytes"] for p in passes),
         "dropped_steps": sum(p["dropped_steps"] for p in passes),
     }
@@ -146,8 +134,7 @@ def render(r: dict) -> str:
             f"({r['loss_engine_thread']:.1%} loss; per pass: {per_pass}); with the publisher thread's "
             f"{r['publisher_thread_cpu_s']:.2f} s of CPU charged to on: **{r['loss']:.1%} loss**. From CPU "
             f"seconds instead of wall time: {r['loss_cpu_time']:.1%}. {r['batches_published']} batches "
-            f"published during the runs; the subscriber received {r['messages_received']} of "
-            f"{r['messages_published']} messages "
+            f"published during the runs, {r['batches_received']} received by the subscriber "
             f"({r['payload_bytes'] / 1024:.0f} KiB of msgpack), {r['dropped_steps']} steps dropped.")
 
 

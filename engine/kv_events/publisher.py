@@ -149,13 +149,15 @@ class KVEventsPublisher:
     # ---- publisher thread ----------------------------------------------------------
 
     def _run(self) -> None:
+        # Without a replay socket there is nothing to look at between steps: block on the queue.
+        wait = IDLE_POLL_S if self._router is not None else None
         try:
             while True:
                 if self._router is not None:
                     while self._router.poll(0):
                         self._serve_replay()
                 try:
-                    item = self._queue.get(timeout=IDLE_POLL_S)
+                    item = self._queue.get(timeout=wait)
                 except queue.Empty:
                     continue
                 if item is _STOP:
