@@ -32,18 +32,29 @@ from bench.events_cost import _median_ratio, _off_on_pairs, _thread_cpu_seconds,
 from bench.run_kvscope import make_engine
 from bench.workloads import Workload
 
-# Reads the stream until 3 s pass without a message; prints what it got as JSON.
+# Reads the stream until told to stop on stdin (then takes what is still in flight);
+# prints the seqs it got as JSON. Steps can be seconds apart on a busy box: no idle timeout.
 SUBSCRIBER = """
 import json, sys, zmq
 sock = zmq.Context.instance().socket(zmq.SUB)
 sock.setsockopt(zmq.SUBSCRIBE, b"")
 sock.connect(sys.argv[1])
+poller = zmq.Poller()
+poller.register(sock, zmq.POLLIN)
+poller.register(sys.stdin, zmq.POLLIN)
 print("ready", flush=True)
-seqs, size = [], 0
-while sock.poll(3000 if seqs else 60000):
-    topic, seq, payload = sock.recv_multipart()
-    seqs.append(int.from_bytes(seq, "big"))
-    size += len(payload)
+seqs, size, stop = [], 0, False
+while True:
+    ready = dict(poller.poll(500 if stop else None))
+    if sock in ready:
+        topic, seq, payload = sock.recv_multipart()
+        seqs.append(int.from_bytes(seq, "big"))
+        size += len(payload)
+    elif stop:
+        break
+    if sys.stdin.fileno() in ready:
+        stop = True
+        poller.unregister(sys.stdin)
 print(json.dumps({"seqs": seqs, "payload_bytes": size}), flush=True)
 """
 
@@ -58,7 +69,8 @@ def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int,
         engine = make_engine(loaded, model, max_num_seqs, num_kv_blocks, enable_events=True,
                              kv_events_config=kv, **engine_kw)
         pub = engine.kv_events
-        sub = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, endpoint], stdout=subprocess.PIPE, text=True)
+        sub = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, endpoint], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
         assert sub.stdout.readline().strip() == "ready"
         for _ in range(100):  # until the subscription has surely reached the publisher
             pub.announce_cleared()
@@ -78,7 +90,9 @@ def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int,
         drain = time.perf_counter() - t
         publisher_cpu = _thread_cpu_seconds(pub._thread.native_id) - cpu0
         stats = pub.stats()
-        engine.close()
+        engine.close()  # sends what is queued
+        sub.stdin.write("stop\n")
+        sub.stdin.close()
         got = json.loads(sub.stdout.readline())
         sub.wait(30)
     return {"trace": trace, "publisher_cpu": publisher_cpu, "drain": drain,
