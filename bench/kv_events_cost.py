@@ -14,7 +14,10 @@ asynchronously, partly during the next ("off") step, so all of its CPU seconds a
 then charged to "on" as if it ran on the engine's critical path (conservative: it
 shares the GIL, but part of its time is spent in ZMQ and the kernel without it).
 
-    python -m bench.kv_events_cost [--model smollm2-135m] [--repeats 3] [--quick]
+A control (A/A) pass with the publisher on in both modes measures what the method
+reports when nothing differs: on a shared box that noise can exceed the cost itself.
+
+    python -m bench.kv_events_cost [--model smollm2-135m] [--repeats 3] [--control-passes 1] [--quick]
 """
 
 from __future__ import annotations
@@ -60,7 +63,9 @@ print(json.dumps({"seqs": seqs, "payload_bytes": size}), flush=True)
 
 
 def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int, num_kv_blocks: int,
-                      bar, **engine_kw) -> dict:
+                      bar, control: bool = False, **engine_kw) -> dict:
+    """One fresh engine, the publisher's listener on in "on" steps only; ``control``: in both
+    (an A/A pass: whatever "loss" it shows is the method's noise on this box)."""
     from engine.kv_events.config import KVEventsConfig
 
     with tempfile.TemporaryDirectory(prefix="kvscope-kvbench-") as tmp:
@@ -82,7 +87,7 @@ def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int,
         cpu0 = _thread_cpu_seconds(pub._thread.native_id)
 
         def set_mode(mode: str) -> None:
-            engine.step_listeners[:] = [listener] if mode == "on" else []
+            engine.step_listeners[:] = [listener] if mode == "on" or control else []
 
         trace = alternate(engine, workload, set_mode, bar)
         t = time.perf_counter()
@@ -101,11 +106,14 @@ def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int,
 
 
 def run_kv_events_ab(loaded, model: str, workload: Workload, max_num_seqs: int, num_kv_blocks: int,
-                     progress_factory=None, repeats: int = 3, **engine_kw) -> dict:
-    """``repeats`` passes of one fresh engine each, the KV publisher off/on per step; the loss."""
+                     progress_factory=None, repeats: int = 3, control_passes: int = 0, **engine_kw) -> dict:
+    """``repeats`` passes of one fresh engine each, the KV publisher off/on per step; the loss.
+    ``control_passes`` A/A passes (publisher on in both modes) measure the method's noise."""
     bar = progress_factory("kv events off/on", repeats * workload.num_output_tokens) if progress_factory else None
     passes = [_alternating_pass(loaded, model, workload, max_num_seqs, num_kv_blocks, bar, **engine_kw)
               for _ in range(repeats)]
+    controls = [_alternating_pass(loaded, model, workload, max_num_seqs, num_kv_blocks, None, control=True,
+                                  **engine_kw) for _ in range(control_passes)]
     if bar is not None:
         bar.close()
     pairs, busy, cpu = [], {"off": 0.0, "on": 0.0}, {"off": 0.0, "on": 0.0}
@@ -138,6 +146,9 @@ def run_kv_events_ab(loaded, model: str, workload: Workload, max_num_seqs: int, 
         "batches_received": sum(p["received"] for p in passes),
         "payload_bytes": sum(p["payload_bytes"] for p in passes),
         "dropped_steps": sum(p["dropped_steps"] for p in passes),
+        "control_passes": control_passes,
+        "control_loss_engine_thread": (1 - _median_ratio([x for c in controls for x in _off_on_pairs(c["trace"])])
+                                       if controls else None),
     }
 
 
@@ -149,7 +160,10 @@ def render(r: dict) -> str:
             f"{r['publisher_thread_cpu_s']:.2f} s of CPU charged to on: **{r['loss']:.1%} loss**. From CPU "
             f"seconds instead of wall time: {r['loss_cpu_time']:.1%}. {r['batches_published']} batches "
             f"published during the runs, {r['batches_received']} received by the subscriber "
-            f"({r['payload_bytes'] / 1024:.0f} KiB of msgpack), {r['dropped_steps']} steps dropped.")
+            f"({r['payload_bytes'] / 1024:.0f} KiB of msgpack), {r['dropped_steps']} steps dropped."
+            + (f" Control: {r['control_passes']} A/A pass(es) with the publisher on in both modes show "
+               f"{r['control_loss_engine_thread']:.1%}, the method's noise on this box."
+               if r.get("control_passes") else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--num-kv-blocks", type=int, default=512)
+    p.add_argument("--control-passes", type=int, default=1,
+                   help="A/A passes (publisher on in both modes): the noise floor of the method")
     p.add_argument("--json", default=None, help="also write the result here")
     args = p.parse_args(argv)
     configure_cpu_threads()
@@ -174,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     # the events A/B's workload: the first 2 x max_num_seqs mixed requests, outputs capped
     wl = W.build("mixed", loaded.tokenizer, scale, 0).head(2 * args.max_num_seqs, scale.events_max_tokens)
     r = run_kv_events_ab(loaded, args.model, wl, args.max_num_seqs, args.num_kv_blocks, repeats=args.repeats,
-                         max_model_len=max_len)
+                         control_passes=args.control_passes, max_model_len=max_len)
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1))
     print(render(r))

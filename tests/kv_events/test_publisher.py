@@ -269,3 +269,48 @@ def test_an_endpoint_in_use_is_a_clear_config_error(opened, tmp_path):
         publisher(f"ipc://{tmp_path}/b.sock", replay_endpoint=replay)
     with pytest.raises(ConfigError, match="does not enable a ZMQ publisher"):
         KVEventsPublisher(KVEventsConfig(), "CPU")
+
+
+def test_fetch_replay_reads_both_reply_layouts(opened):
+    from engine.kv_events.decoder import decode_batch
+    from engine.kv_events.replay import fetch_replay
+    from engine.kv_events.types import AllBlocksCleared
+
+    ctx = zmq.Context.instance()
+    replay = f"tcp://127.0.0.1:{free_port()}"
+    sub = opened(Subscriber())
+    pub = opened(publisher(sub.endpoint, replay_endpoint=replay, topic="kv@a"))
+    for _ in range(3):
+        pub.announce_cleared()
+    assert pub.flush()
+    dealer = opened(ctx.socket(zmq.DEALER))
+    dealer.linger = 0
+    dealer.connect(replay)
+    frames = fetch_replay(dealer, 1)  # current vLLM's layout: [topic, seq, payload]
+    assert [(f.topic, f.seq) for f in frames] == [(b"kv@a", 1), (b"kv@a", 2)]
+    assert decode_batch(frames[0].payload).events == (AllBlocksCleared(),)
+
+    # older vLLM and SGLang: [seq, payload], the end marker [END, b""]
+    router = opened(ctx.socket(zmq.ROUTER))
+    router.linger = 0
+    old = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+
+    def answer():
+        client, _, start = router.recv_multipart()
+        n = int.from_bytes(start, "big")
+        router.send_multipart([client, b"", n.to_bytes(8, "big"), frames[0].payload])
+        router.send_multipart([client, b"", END, b""])
+
+    t = threading.Thread(target=answer)
+    t.start()
+    old_dealer = opened(ctx.socket(zmq.DEALER))
+    old_dealer.linger = 0
+    old_dealer.connect(old)
+    got = fetch_replay(old_dealer, 7)
+    t.join(5)
+    assert [(f.topic, f.seq, f.payload) for f in got] == [(None, 7, frames[0].payload)]
+    silent = opened(ctx.socket(zmq.DEALER))
+    silent.linger = 0
+    silent.connect(f"tcp://127.0.0.1:{free_port()}")
+    with pytest.raises(TimeoutError, match="no replay reply"):
+        fetch_replay(silent, 0, timeout=0.2)
