@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from engine.core.errors import ConfigError
+from engine.kv_events.config import KVEventsConfig
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB: ~1450 blocks of 16 tokens for SmolLM2 in fp32
@@ -36,6 +37,7 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     max_waiting: int = 0
     enable_events: bool = True
+    kv_events_config: KVEventsConfig | None = None  # vLLM-format KV cache events (engine.kv_events)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -56,6 +58,21 @@ class EngineConfig:
             raise ConfigError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ConfigError(f"block_size must be a positive integer, got {self.block_size!r}")
+        self._check_kv_events()
+
+    def _check_kv_events(self) -> None:
+        kv = self.kv_events_config
+        if kv is None:
+            return
+        if not isinstance(kv, KVEventsConfig):
+            raise ConfigError(f"kv_events_config must be a KVEventsConfig (KVEventsConfig.coerce reads a "
+                              f"dict or JSON), got {type(kv).__name__}")
+        if kv.active and not self.enable_prefix_caching:
+            raise ConfigError("KV cache events need prefix caching (they report cached blocks); "
+                              "enable prefix caching or drop kv_events_config")
+        if kv.active and not self.enable_events:
+            raise ConfigError("KV cache events are derived from the engine's events; "
+                              "they need enable_events=True")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -2,7 +2,8 @@
 
 The server drives it; ``LLM`` wraps it for offline use. Each step yields
 RequestOutputs (with streaming deltas) and one StepRecord (events + metrics)
-handed to every step listener (the server's broadcaster, the recorder).
+handed to every step listener (the server's broadcaster, the recorder, and the
+vLLM-format KV event publisher when ``kv_events_config`` enables one).
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ StepListener = Callable[[StepRecord], None]
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, parts: EngineParts | None = None) -> None:
+    def __init__(self, config: EngineConfig, parts: EngineParts | None = None,
+                 kv_events=None) -> None:
+        """``kv_events``: a running KVEventsPublisher to take over instead of starting one
+        (a server restart keeps its stream, seq and replay buffer across engines)."""
         self.config = config
         self.parts = parts or build_engine_parts(config)
         self.tokenizer = self.parts.loaded.tokenizer
@@ -50,10 +54,38 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seq = 0
         self.last_metrics: dict = {}
+        self.kv_events = None  # KVEventsPublisher when kv_events_config enables one
+        self._owns_kv_events = False
+        kv_config = config.kv_events_config
+        if kv_config is not None and kv_config.active:
+            if kv_events is None:
+                from engine.kv_events.publisher import KVEventsPublisher
+
+                medium = "GPU" if self.parts.loaded.device.type == "cuda" else "CPU"
+                kv_events = KVEventsPublisher(kv_config, medium)
+            self.kv_events, self._owns_kv_events = kv_events, True
+            self.step_listeners.append(kv_events.on_step)
 
     @classmethod
     def from_args(cls, **kwargs) -> "LLMEngine":
+        if "kv_events_config" in kwargs:
+            from engine.kv_events.config import KVEventsConfig
+
+            kwargs["kv_events_config"] = KVEventsConfig.coerce(kwargs["kv_events_config"])
         return cls(EngineConfig(**kwargs))
+
+    def close(self) -> None:
+        """Stop what runs beside the engine (the KV event publisher: queued batches go out)."""
+        if self.kv_events is not None and self._owns_kv_events:
+            self._owns_kv_events = False
+            self.kv_events.close()
+
+    def hand_over_kv_events(self) -> None:
+        """A successor engine took this one's KV event publisher (a restart): stop owning it,
+        and tell subscribers that the cache the stream described is gone (AllBlocksCleared)."""
+        if self.kv_events is not None and self._owns_kv_events:
+            self._owns_kv_events = False
+            self.kv_events.announce_cleared()
 
     # ---- facts --------------------------------------------------------------
 
