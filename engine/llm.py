@@ -16,6 +16,7 @@ from engine.core import SamplingParams
 from engine.kv_events.config import KVEventsConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.startup import build_engine
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
 
@@ -29,8 +30,8 @@ class LLM:
 
     def __init__(self, model: str = DEFAULT_MODEL, kv_events_config: KVEventsConfig | dict | str | None = None,
                  **kwargs) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, kv_events_config=KVEventsConfig.coerce(kv_events_config),
-                                             **kwargs))
+        self.engine = build_engine(EngineConfig(model=model, kv_events_config=KVEventsConfig.coerce(kv_events_config),
+                                                 **kwargs))
 
     def close(self) -> None:
         self.engine.close()

@@ -20,8 +20,8 @@ import queue
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from engine.attach.attach_metrics import AttachMetrics
 from engine.attach.pod_source import PodSource
 from engine.attach.scraper import Scraper
 from engine.attach.stream_items import StreamItem
@@ -83,13 +83,15 @@ class AttachServer(FrontDoor):
                          ping_interval=options.ping_interval,
                          limits=HubLimits(options.max_frame_bytes, options.step_buffer,
                                           options.step_history),
-                         max_pending_ops=1024, board=HealthBoard("attach"))
+                         max_pending_ops=1024, board=HealthBoard("attach"),
+                         metrics=AttachMetrics(options.label or "attached deployment"))
         self.options = options
         self.items: queue.Queue[StreamItem] = queue.Queue(MAX_QUEUED_ITEMS)
         self.subscriptions: list[PodSubscription] = []
         self.scrapers: dict[str, Scraper] = {}
         self.worker: AttachWorker | None = None
-        self.metrics.registry.register(_AttachCollector(self))
+        self.metrics.watch_attach(lambda: self.subscriptions,
+                                  lambda: {} if self.worker is None else self.worker.counts)
 
     @property
     def run_id(self) -> str | None:
@@ -132,29 +134,3 @@ class AttachServer(FrontDoor):
         if self.worker is not None:
             self.mailbox.send_lifecycle(None, Shutdown())
             await asyncio.to_thread(self.worker.join, 30.0)
-
-
-class _AttachCollector:
-    """``kvscope_attach_*``: per pod, what arrived and what did not."""
-
-    def __init__(self, server: AttachServer) -> None:
-        self.server = server
-
-    def collect(self):
-        subs = self.server.subscriptions
-        counts = self.server.worker.counts if self.server.worker is not None else {}
-        for name, doc, attr in (("kvscope_attach_batches", "Batches received (live or replayed).", "received"),
-                                ("kvscope_attach_replayed_batches", "Batches filled through replay.", "replayed"),
-                                ("kvscope_attach_bad_messages", "Messages that were not KV event batches.",
-                                 "bad_messages")):
-            fam = CounterMetricFamily(name, doc, labels=["pod"])
-            for sub in subs:
-                fam.add_metric([sub.source.pod], getattr(sub, attr))
-            yield fam
-        for name, doc, key in (("kvscope_attach_cached_blocks", "Blocks the stream says are cached.",
-                                "cached_blocks"),
-                               ("kvscope_attach_holes", "Holes: batches that never arrived.", "holes")):
-            fam = GaugeMetricFamily(name, doc, labels=["pod"])
-            for pod, c in counts.items():
-                fam.add_metric([pod], c.get(key, 0))
-            yield fam

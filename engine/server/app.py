@@ -24,6 +24,7 @@ from engine.server.front_door import FrontDoor, Post
 from engine.server.health import Health, HealthBoard, Status
 from engine.server.hub import HubLimits
 from engine.server.mailbox import Shutdown
+from engine.server.prom import ServerMetrics
 from engine.server.request_book import MAX_N
 from engine.server.security import BindRefused, check_bind
 
@@ -45,8 +46,16 @@ class ServerOptions:
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
     ping_interval: float | None = 20.0
     engine_factory: EngineFactory | None = None  # tests: control how (and when) the engine loads
+    # vLLM's --served-model-name: the names the API answers to; the first labels the
+    # metrics (model_name). Empty: the model's name (--model), as in vLLM.
+    served_model_name: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        names = self.served_model_name
+        names = (names,) if isinstance(names, str) else names
+        if not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"served_model_name must be non-empty names, got {self.served_model_name!r}")
+        object.__setattr__(self, "served_model_name", tuple(names))
         for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer",
                      "step_history"):
             v = getattr(self, name)
@@ -62,6 +71,11 @@ class ServerOptions:
                               f"token ids, unauthenticated, to anyone who can reach it. Pass --allow-remote "
                               f"to allow it, or keep to this machine (ipc://PATH, a tcp://127.0.0.1 "
                               f"replay_endpoint, or connect out to a subscriber's tcp://HOST:PORT).")
+
+    @property
+    def model_name(self) -> str:
+        """The served model name: the first --served-model-name, else --model."""
+        return self.served_model_name[0] if self.served_model_name else self.engine.model
 
     def limits(self) -> dict[str, Any]:
         """The bounds a client may want to know (sent in ``hello.limits``)."""
@@ -79,7 +93,8 @@ class KVScopeServer(FrontDoor):
                          limits=HubLimits(options.max_frame_bytes, options.step_buffer,
                                           options.step_history),
                          max_pending_ops=options.max_pending_ops,
-                         board=HealthBoard(options.engine.model))
+                         board=HealthBoard(options.engine.model),
+                         metrics=ServerMetrics(options.model_name))
         self.options = options
         self.metrics.watch_config(lambda: self.board.current.config)
         self.worker: EngineWorker | None = None

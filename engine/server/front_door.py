@@ -29,8 +29,8 @@ from websockets.asyncio.server import serve
 from engine.server.health import HealthBoard
 from engine.server.http import HttpGate
 from engine.server.hub import Hub, HubLimits
+from engine.server.hub_metrics import HubMetrics
 from engine.server.mailbox import Delivery, Mailbox
-from engine.server.prom import ServerMetrics
 from engine.server.security import ALLOWED_ORIGINS
 
 log = logging.getLogger("kvscope.server")
@@ -42,12 +42,12 @@ Post = Callable[[list[Delivery]], None]
 class FrontDoor:
     def __init__(self, *, host: str, port: int, db: str | None, record: bool, token: str | None,
                  max_frame_bytes: int, ping_interval: float | None, limits: HubLimits,
-                 max_pending_ops: int, board: HealthBoard) -> None:
+                 max_pending_ops: int, board: HealthBoard, metrics: HubMetrics) -> None:
         self.host, self.requested_port, self.db, self.record = host, port, db, record
         self.token, self.max_frame_bytes, self.ping_interval = token, max_frame_bytes, ping_interval
         self.port: int | None = None
         self.board = board
-        self.metrics = ServerMetrics()
+        self.metrics = metrics
         self.mailbox = Mailbox(max_pending_ops)
         self.hub = Hub(self.mailbox, self.metrics, limits)
         self.recorder: Any = None

@@ -28,7 +28,7 @@ from engine.protocol.messages import Error, Pong, Step
 from engine.protocol.ops import Op, Ping, StepsSince
 from engine.server.mailbox import Attach, Delivery, Detach, Mailbox, NewRun, Reply, StepOut
 from engine.server.outbox import Outbox
-from engine.server.prom import ServerMetrics
+from engine.server.hub_metrics import HubMetrics
 from engine.server.step_history import StepHistory
 from engine.server.ws_connection import ClientConn
 
@@ -48,7 +48,7 @@ class HubLimits:
 
 
 class Hub:
-    def __init__(self, mailbox: Mailbox, metrics: ServerMetrics, limits: HubLimits) -> None:
+    def __init__(self, mailbox: Mailbox, metrics: HubMetrics, limits: HubLimits) -> None:
         self.mailbox = mailbox
         self.metrics = metrics
         self.limits = limits
@@ -146,6 +146,7 @@ class Hub:
                 self._broadcast_step(d)
             elif isinstance(d, NewRun):
                 self.history.new_run(d.hello.run_id)
+                self.metrics.start_run(d.hello.config)
                 for conn in list(self.conns.values()):
                     if conn.attached:
                         conn.rebase(d.hello, d.snapshot)
@@ -153,7 +154,7 @@ class Hub:
                 raise TypeError(f"unknown delivery {d!r}")
 
     def _broadcast_step(self, d: StepOut) -> None:
-        self.metrics.observe_step(d.record.metrics)
+        self.metrics.observe_step(d.record)
         self.history.append(d.run_id, d.record)
         if not self.conns:
             return
