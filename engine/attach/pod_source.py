@@ -1,8 +1,8 @@
 """PodSource: where one pod of a deployment publishes, as ``kvscope attach`` was told.
 
 ``endpoint`` is the pod's KV event PUB socket (``--kv-events``); attach connects to
-it, or binds it when it is a wildcard/ipc endpoint (vLLM's rule: then the pods
-connect, as to llm-d's router). ``replay`` is its replay ROUTER (``replay_endpoint``
+it, or binds it when it is a wildcard (``tcp://*:PORT``, ``tcp://[::]:PORT``): then the
+pods connect out to attach, as to llm-d's router (``subscriber_binds``). ``replay`` is its replay ROUTER (``replay_endpoint``
 in the pod's ``--kv-events-config``), ``topic`` the prefix to subscribe to,
 ``metrics`` its Prometheus URL. ``pod`` names it in the run.
 """
@@ -43,6 +43,16 @@ class PodSource:
     def to_dict(self) -> dict[str, str | None]:
         return {"pod": self.pod, "endpoint": self.endpoint, "replay": self.replay,
                 "topic": self.topic, "metrics": self.metrics}
+
+
+def subscriber_binds(endpoint: str) -> bool:
+    """Whether the subscriber binds ``endpoint``: the mirror of vLLM's publisher rule.
+
+    A publisher binds wildcards, ipc and inproc, and connects to anything else. So an
+    ipc or a concrete tcp address is the publisher's: connect to it. A wildcard is an
+    address to listen on: bind it, and let publishers configured with this host's
+    address connect."""
+    return "*" in endpoint or "::" in endpoint
 
 
 def default_pod_name(endpoint: str) -> str:

@@ -1,7 +1,7 @@
 """PodSubscription: one pod's KV event stream, complete where it can be, marked where not.
 
 A thread owns a ZMQ SUB socket (connected to the pod's PUB, or bound when the
-endpoint is a wildcard, as vLLM decides) and turns what arrives into stream items
+endpoint is a wildcard: ``pod_source.subscriber_binds``) and turns what arrives into stream items
 (``engine.attach.stream_items``) on the worker's queue, in order:
 
 - each batch is decoded with ``engine.kv_events.decoder`` (both event encodings);
@@ -29,10 +29,9 @@ import time
 
 import zmq
 
-from engine.attach.pod_source import PodSource
+from engine.attach.pod_source import PodSource, subscriber_binds
 from engine.attach.seq_tracker import SeqTracker, Verdict
 from engine.attach.stream_items import Hole, NewSegment, Received, StreamItem
-from engine.kv_events.config import should_bind
 from engine.kv_events.decoder import Frame, KVEventsDecodeError, decode_batch, parse_live
 from engine.kv_events.replay import fetch_replay
 
@@ -67,7 +66,7 @@ class PodSubscription(threading.Thread):
         self.sub.setsockopt(zmq.SUBSCRIBE, source.topic.encode("utf-8"))
         self.sub.linger = 0
         try:
-            if should_bind(source.endpoint):
+            if subscriber_binds(source.endpoint):
                 self.sub.bind(source.endpoint)
             else:
                 self.sub.connect(source.endpoint)
