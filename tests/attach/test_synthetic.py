@@ -269,3 +269,34 @@ def test_an_all_blocks_cleared_empties_only_its_pod(pubs, attached):
 def recorded_after_stop(srv) -> list:
     srv.stop()
     return recorded(srv)[1]
+
+
+def test_two_pods_with_different_caches_and_the_prefix_lookup_on_each(pubs, attached):
+    from engine.attach.prefix_match import BY_TOKENS, longest_prefix
+
+    system = list(range(1, 9))  # 2 blocks both pods computed
+    a, b = pubs(), pubs(encoding="array", replay_layout=2)
+    srv = attached(source(a, "pod-a"), source(b, "pod-b"))
+    a.wait_subscriber()
+    b.wait_subscriber()
+    # pod-a: the system prompt and one question after it; pod-b: only the system prompt,
+    # then a different question; bytes hashes on b, ints on a
+    a.publish([stored([11, 12, 13, 14], None, system + [20, 21, 22, 23, 24, 25, 26, 27], BS)])
+    b.publish([stored([b"\x01" * 32, b"\x02" * 32], None, system, BS)])
+    b.publish([stored([b"\x03" * 32], b"\x02" * 32, [30, 31, 32, 33], BS)])
+    wait_until(lambda: len(cached(srv, "pod-a")) == 4 and len(cached(srv, "pod-b")) == 3,
+               what="both pods")
+    pods = srv.worker.state.to_snapshot().pods
+    prompt = system + [20, 21, 22, 23, 99, 98]  # shares 3 blocks with a, 2 with b
+    ma, mb = longest_prefix(pods["pod-a"], prompt), longest_prefix(pods["pod-b"], prompt)
+    assert (ma.method, ma.num_blocks, ma.hit_tokens, ma.hashes) == (BY_TOKENS, 3, 12,
+                                                                    (key(11), key(12), key(13)))
+    assert (mb.num_blocks, mb.hit_tokens, mb.hashes) == (2, 8, (key(b"\x01" * 32), key(b"\x02" * 32)))
+    other = system + [30, 31, 32, 33, 7]
+    assert longest_prefix(pods["pod-a"], other).num_blocks == 2
+    assert longest_prefix(pods["pod-b"], other).num_blocks == 3
+    srv.stop()
+    _, records = recorded(srv)
+    pods_seen = [r.metrics["pod"] for r in records]
+    assert sorted(pods_seen) == ["pod-a", "pod-a", "pod-b", "pod-b", "pod-b"]
+    assert records[-1].metrics["cached_blocks"] == {"pod-a": 4, "pod-b": 3}
