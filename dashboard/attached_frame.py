@@ -51,6 +51,12 @@ class AttachedFrame:
     def tokenizer_file(self) -> str | None:
         return self.config.get("tokenizer_file")
 
+    def pods(self) -> list[str]:
+        """The pods in the order ``kvscope attach`` was given them (then any others)."""
+        given = [p.get("pod") for p in self.config.get("pods") or []]
+        return [p for p in given if p in self.snapshot.pods] + [
+            p for p in self.snapshot.pods if p not in given]
+
     @property
     def shown_records(self) -> Sequence[StepRecord]:
         return self.records if self.upto is None else self.records[:self.upto + 1]

@@ -58,10 +58,14 @@ def kpis(frame: AttachedFrame) -> None:
     snap = frame.snapshot
     st.caption(f"Step {frame.step} · {len(snap.pods)} pod(s) · {snap.num_cached_blocks} cached "
                f"blocks in all · each step is one received batch (or a hole, a restart, a scrape)")
-    for name, p in snap.pods.items():
+    for name in frame.pods():
+        p = snap.pods[name]
         m = _scraped(frame, name)
+        st.markdown(f"**Pod {name}** · blocks of {p.block_size or '?'} tokens · segment {p.segment}"
+                    + (f" · {p.unknown_removals} removals of blocks never seen stored"
+                       if p.unknown_removals else ""))
         cols = st.columns(6)
-        cols[0].metric(f"{name}: cached blocks", p.num_blocks,
+        cols[0].metric("cached blocks", p.num_blocks,
                        help=f"blocks of {p.block_size or '?'} tokens the stream says are cached")
         cols[1].metric("stored · removed", f"{p.stored_blocks} · {p.removed_blocks}",
                        help="blocks stored and removed since the attach")
@@ -89,14 +93,16 @@ def _tree_tab(frame: AttachedFrame) -> None:
     if not snap.pods:
         st.info("No pod has sent a batch yet.")
         return
-    pod = st.selectbox("Pod", list(snap.pods), key=f"{frame.source}_tree_pod")
+    pod = st.selectbox("Pod", frame.pods(), key=f"{frame.source}_tree_pod")
     view = snap.pods[pod]
     tree = PrefixTree(view)
     st.plotly_chart(prefix_tree_figure(tree, frame.token_text, view.last_ts), config=PLOT_CONFIG,
                     key=f"{frame.source}_tree")
-    st.caption(f"{len(tree.blocks)} cached blocks in {len(tree.roots)} root(s) "
-               f"({sum(1 for r in tree.roots if tree.blocks[r].parent is None)} start a prompt; "
-               "the others hang below a block that is no longer cached). Each box is one block, "
+    rooted = sum(1 for r in tree.roots if tree.blocks[r].parent is None)
+    st.caption(f"{len(tree.blocks)} cached blocks in {len(tree.roots)} root(s): {rooted} start a "
+               f"prompt, {len(tree.roots) - rooted} hang below a block that is no longer cached "
+               "(evicted, or stored before the attach). Each box is one block, as wide as the "
+               "blocks cached below it, "
                "labelled with its text" + ("" if frame.token_text else
                                           " (token ids: start attach with --tokenizer for text)")
                + "; colour is its age on the engine's clock. Click a box to zoom into its subtree.")
@@ -109,7 +115,7 @@ def _residency_tab(frame: AttachedFrame) -> None:
     if hit is None or hit["key"] != (frame.key, len(recs)):
         hit = cache[frame.source] = {"key": (frame.key, len(recs)), "log": residency(recs)}
     log = hit["log"]
-    pods = list(frame.snapshot.pods)
+    pods = frame.pods()
     cols = st.columns(2) + st.columns(2)
     for col, (name, title, empty) in zip(cols, RESIDENCY):
         col.plotly_chart(residency_figure({p: log.values(name, p) for p in pods}, title, empty),
@@ -123,8 +129,8 @@ def _residency_tab(frame: AttachedFrame) -> None:
 
 def _shared_tab(frame: AttachedFrame) -> None:
     rows = []
-    for name, view in frame.snapshot.pods.items():
-        for sp in PrefixTree(view).shared_prefixes(limit=10):
+    for name in frame.pods():
+        for sp in PrefixTree(frame.snapshot.pods[name]).shared_prefixes(limit=10):
             text = (frame.token_text(list(sp.token_ids)) if frame.token_text
                     else " ".join(map(str, sp.token_ids[:24])))
             rows.append({"pod": name, "prefix": text[:160] + ("…" if len(text) > 160 else ""),
@@ -183,7 +189,8 @@ def _lookup_tab(frame: AttachedFrame) -> None:
         return
     rows = []
     best = None
-    for name, view in frame.snapshot.pods.items():
+    for name in frame.pods():
+        view = frame.snapshot.pods[name]
         scheme = detect_scheme(view)
         m = longest_prefix(view, ids, scheme)
         rows.append({"pod": name, "matched by": m.method, "cached blocks": m.num_blocks,

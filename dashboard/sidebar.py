@@ -51,5 +51,6 @@ def render_sidebar() -> None:
     with st.sidebar:
         st.markdown("**Engine**")
         _status()
-        st.markdown("**Block colours**")
-        st.html(legend_html())
+        if (connection().view().config or {}).get("kind") != "attached":  # no block grid there
+            st.markdown("**Block colours**")
+            st.html(legend_html())

@@ -58,6 +58,7 @@ def prefix_tree_figure(tree: PrefixTree, token_text: Callable[[list[int]], str] 
     shown = set(nodes)
     root_id = f"pod {tree.pod.pod}"
     ids, parents, labels, colors, hovers = [root_id], [""], [root_id], [0.0], [""]
+    values = [sum(tree.size.get(r, 1) for r in tree.roots if r in shown)]
     for h in nodes:
         b = tree.blocks[h]
         parent = b.parent if b.parent in shown else root_id
@@ -66,6 +67,7 @@ def prefix_tree_figure(tree: PrefixTree, token_text: Callable[[list[int]], str] 
         parents.append(parent)
         labels.append(block_label(b.token_ids, token_text))
         colors.append(age or 0.0)
+        values.append(tree.size.get(h, 1))  # its whole subtree: widths are block counts
         orphan = b.parent is not None and b.parent not in tree.blocks
         text = (token_text(list(b.token_ids)) if token_text else str(list(b.token_ids)))[:200]
         hovers.append(f"hash {h}<br>parent {b.parent or '(none: a prompt start)'}"
@@ -73,8 +75,9 @@ def prefix_tree_figure(tree: PrefixTree, token_text: Callable[[list[int]], str] 
                       f"{b.num_tokens} tokens: {text}<br>"
                       f"age {'?' if age is None else f'{age:.1f} s'} · reused {b.reuses}x · "
                       f"{tree.size.get(h, 1) - 1} blocks below · {b.medium or 'medium ?'}")
+    colors[0] = sum(colors[1:]) / max(1, len(colors) - 1)  # the pod box: no age of its own
     fig = go.Figure(go.Icicle(
-        ids=ids, parents=parents, labels=labels, values=[1] * len(ids), branchvalues="remainder",
+        ids=ids, parents=parents, labels=labels, values=values, branchvalues="total",
         hovertext=hovers, hoverinfo="text", tiling=dict(orientation="v"), maxdepth=12,
         marker=dict(colors=colors, colorscale="Tealgrn_r", showscale=True,
                     colorbar=dict(title="age (s)", thickness=12)),

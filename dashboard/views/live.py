@@ -36,6 +36,8 @@ def _waiting_for_server(view) -> None:
 
 def _body() -> None:
     view = connection().view()
+    if ((view.config or {}).get("kind") == "attached") != st.session_state.get("_live_attached"):
+        st.rerun(scope="app")  # the header (title, reset button) was drawn for the other kind
     if view.state is None or view.status not in ("live", "resyncing"):
         _waiting_for_server(view)
         return
@@ -59,7 +61,8 @@ def _reset_prefix_cache() -> None:
 
 
 def page() -> None:
-    watching = attached()
+    connection().wait_live(timeout=2.0)  # a just-opened connection needs a moment to say what it is
+    watching = st.session_state["_live_attached"] = attached()
     st.title("Live: an attached deployment's prefix cache" if watching
              else "Live: the paged KV cache right now")
     left, mid, right = st.columns([2, 1.2, 1.2])
