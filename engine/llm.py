@@ -31,7 +31,7 @@ class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, kv_events_config: KVEventsConfig | dict | str | None = None,
                  **kwargs) -> None:
         self.engine = build_engine(EngineConfig(model=model, kv_events_config=KVEventsConfig.coerce(kv_events_config),
-                                                 **kwargs))
+                                                **kwargs))
 
     def close(self) -> None:
         self.engine.close()

@@ -111,8 +111,8 @@ def default_cpu_blocks(per_block: int, block_size: int, max_model_len: int, max_
 
 
 def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events=None) -> LLMEngine:
-    """An engine for ``cfg`` (on ``loaded`` weights when given, e.g. for a restart;
-    ``kv_events``: a running KV event publisher the new engine takes over).
+    """An engine for ``cfg`` (on ``loaded`` weights when given, e.g. for a restart; a
+    restart also hands on the running KV event publisher, ``kv_events``).
 
     Raises the KVScopeError subclasses (ConfigError, KVCacheTooSmallError) for a
     config that cannot run."""
@@ -133,7 +133,7 @@ def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events
                             max_num_seqs=cfg.max_num_seqs,
                             enable_chunked_prefill=cfg.enable_chunked_prefill,
                             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-                            max_waiting=cfg.max_waiting)
+                            max_waiting=cfg.max_waiting, n_sharing=cfg.n_sharing)
     per_block = spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
     if cfg.num_kv_blocks is not None:
         num_blocks, source = cfg.num_kv_blocks, "num_kv_blocks"

@@ -64,9 +64,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.verbose:  # websockets logs every connection and HTTP response at INFO
         logging.getLogger("websockets").setLevel(logging.WARNING)
     try:
-        kv_events = KVEventsConfig.coerce(args.kv_events_config)
-        cfg = EngineConfig(**{**engine_kwargs(args), "kv_events_config": kv_events},
-                           max_waiting=args.max_queue)
+        kw = engine_kwargs(args)  # kv_events_config comes in as the JSON text
+        kw["kv_events_config"] = KVEventsConfig.coerce(args.kv_events_config)
+        cfg = EngineConfig(**kw, max_waiting=args.max_queue)
         opts = ServerOptions(cfg, host=args.host, port=args.port, db=args.db, record=args.record,
                              label=args.label, allow_remote=args.allow_remote,
                              token=os.environ.get(TOKEN_ENV) or None,

@@ -26,9 +26,9 @@ GREEDY = {"temperature": 0.0, "max_tokens": 5, "ignore_eos": True}
 SYSTEM = "You are a helpful assistant who answers briefly. "
 
 
-def cached_in(snapshot: dict) -> set[int]:
+def cached_in(snapshot) -> set[int]:
     """The cached blocks of a server ``snapshot`` message, as the stream's hashes."""
-    return {vllm_int(b["hash"]) for b in snapshot["state"]["blocks"] if b["hash"] is not None}
+    return {vllm_int(b.hash) for b in snapshot.state.blocks if b.hash is not None}
 
 
 def settle(sub: Subscriber, expected: set[int], timeout: float = 20.0) -> None:
@@ -81,9 +81,9 @@ def test_kvscope_serve_publishes_its_cache_and_shuts_down_cleanly(tiny_llama, tm
             snap = client.snapshot()
             settle(sub, cached_in(snap))
             assert "AllBlocksCleared" in {k for _, k in sub.log}
-            for b in snap["state"]["blocks"]:
-                if b["hash"] is not None:
-                    assert sub.tokens[vllm_int(b["hash"])] == tuple(b["token_ids"])
+            for b in snap.state.blocks:
+                if b.hash is not None:
+                    assert sub.tokens[vllm_int(b.hash)] == tuple(b.token_ids)
             assert set(sub.topics.values()) == {b"kv@test"}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
