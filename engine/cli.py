@@ -1,4 +1,4 @@
-"""The ``kvscope`` command: generate, serve, submit, runs, replay, lesson, bench.
+"""The ``kvscope`` command: generate, serve, submit, attach, runs, replay, lesson, bench.
 
 Each subsystem registers its own subcommands; heavy imports (torch, the model)
 happen only inside the command that needs them.
@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module, fn in (("engine.store.commands", "add_store_subcommands"),
                        ("engine.server.commands", "add_server_subcommands"),
                        ("engine.client.commands", "add_client_subcommands"),
+                       ("engine.attach.commands", "add_attach_subcommands"),
                        ("lessons.commands", "add_lesson_subcommands"),
                        ("bench.commands", "add_bench_subcommands")):
         try:

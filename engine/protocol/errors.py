@@ -30,6 +30,7 @@ class ErrorCode:
     SLOW_CLIENT = "slow_client"            # replies piled up past the bound; connection closed
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"                  # an engine fault; the request was aborted
+    READ_ONLY = "read_only"                # kvscope attach: the engine is someone else's
 
 
 class ProtocolError(Exception):

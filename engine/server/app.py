@@ -14,29 +14,19 @@ mark the run finished, let the replies go out (≤ 1 s), close every connection
 from __future__ import annotations
 
 import asyncio
-import logging
-import signal
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from websockets.asyncio.server import serve
-
 from engine.config import EngineConfig
 from engine.server.engine_loop import EngineFactory, EngineWorker
+from engine.server.front_door import FrontDoor, Post
 from engine.server.health import Health, HealthBoard, Status
-from engine.server.http import HttpGate
-from engine.server.hub import Hub, HubLimits
-from engine.server.mailbox import Delivery, Mailbox, Shutdown
+from engine.server.hub import HubLimits
+from engine.server.mailbox import Shutdown
 from engine.server.prom import ServerMetrics
 from engine.server.request_book import MAX_N
-from engine.server.security import ALLOWED_ORIGINS, BindRefused, check_bind
-
-log = logging.getLogger("kvscope.server")
-
-HARD_FRAME_FACTOR = 4  # frames up to 4x the limit get an error reply; beyond, websockets closes (1009)
+from engine.server.security import BindRefused, check_bind
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,46 +85,23 @@ class ServerOptions:
                 "max_n": MAX_N}
 
 
-class KVScopeServer:
+class KVScopeServer(FrontDoor):
     def __init__(self, options: ServerOptions) -> None:
+        super().__init__(host=options.host, port=options.port, db=options.db, record=options.record,
+                         token=options.token, max_frame_bytes=options.max_frame_bytes,
+                         ping_interval=options.ping_interval,
+                         limits=HubLimits(options.max_frame_bytes, options.step_buffer,
+                                          options.step_history),
+                         max_pending_ops=options.max_pending_ops,
+                         board=HealthBoard(options.engine.model),
+                         metrics=ServerMetrics(options.model_name))
         self.options = options
-        self.port: int | None = None
-        self.board = HealthBoard(options.engine.model)
-        self.metrics = ServerMetrics(options.model_name)
         self.metrics.watch_config(lambda: self.board.current.config)
-        self.mailbox = Mailbox(options.max_pending_ops)
-        self.hub = Hub(self.mailbox, self.metrics,
-                       HubLimits(options.max_frame_bytes, options.step_buffer, options.step_history))
-        self.recorder: Any = None
         self.worker: EngineWorker | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._bound = threading.Event()
-        self._bind_error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self.on_bound: Callable[[], None] | None = None  # called once the port is bound (CLI banner)
-
-    @property
-    def url(self) -> str:
-        host = self.options.host if ":" not in self.options.host else f"[{self.options.host}]"
-        return f"ws://{host}:{self.port}"
 
     @property
     def health(self) -> Health:
         return self.board.current
-
-    # ---- running ----------------------------------------------------------------------
-
-    def start(self, timeout: float = 30.0) -> KVScopeServer:
-        """Run in a background thread; returns once the port is bound (not loaded)."""
-        self._thread = threading.Thread(target=lambda: asyncio.run(self.run()), name="kvscope-server",
-                                        daemon=True)
-        self._thread.start()
-        if not self._bound.wait(timeout):
-            raise TimeoutError("the server did not bind in time")
-        if self._bind_error is not None:
-            raise self._bind_error
-        return self
 
     def wait_ready(self, timeout: float = 60.0) -> Health:
         """Block until the model is loaded (or failed to load); returns the health."""
@@ -145,89 +112,23 @@ class KVScopeServer:
             time.sleep(0.02)
         return self.board.current
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Graceful shutdown from any thread; waits for it to complete."""
-        loop, ev = self._loop, self._stop_event
-        if loop is not None and ev is not None:
-            try:
-                loop.call_soon_threadsafe(ev.set)
-            except RuntimeError:
-                pass  # the loop already ended
-        if self._thread is not None:
-            self._thread.join(timeout)
+    def _describe(self) -> str:
+        return f"listening on {self.url} (loading {self.options.engine.model})"
 
-    def serve_forever(self) -> int:
-        """Run in this (main) thread until SIGINT/SIGTERM; returns the exit code."""
-        return asyncio.run(self.run(install_signals=True))
-
-    async def run(self, install_signals: bool = False) -> int:
-        loop = self._loop = asyncio.get_running_loop()
-        stop = self._stop_event = asyncio.Event()
-        if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
+    def _start_work(self, post: Post) -> None:
         opts = self.options
+        self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board, self.recorder,
+                                   opts.label, opts.max_in_flight_per_conn, opts.limits(),
+                                   opts.engine_factory)
+        self.worker.start()
 
-        def post(batch: list[Delivery]) -> None:
-            try:
-                loop.call_soon_threadsafe(self.hub.deliver, batch)
-            except RuntimeError:
-                pass  # the loop has closed: we are past shutdown
-
-        try:
-            gate = HttpGate(self.board, self.metrics, opts.token,
-                            lambda: {"connections": len(self.hub.conns),
-                                     "uptime_s": round(time.time() - self.board.started, 3)})
-            server = await serve(self.hub.handle, opts.host, opts.port, process_request=gate,
-                                 max_size=opts.max_frame_bytes * HARD_FRAME_FACTOR,
-                                 compression=None,  # deflate per client would cost CPU per broadcast
-                                 origins=ALLOWED_ORIGINS, ping_interval=opts.ping_interval,
-                                 close_timeout=2.0)
-        except BaseException as exc:
-            self._bind_error = exc
-            self._bound.set()
-            raise
-        try:
-            async with server:
-                self.port = server.sockets[0].getsockname()[1]
-                if opts.record:
-                    from engine.store import Recorder, RunStore
-
-                    self.recorder = Recorder(opts.db)
-                    self.hub.history.store = RunStore(self.recorder.path)
-                    self.board.watch_recorder(self.recorder.health)
-                    self.metrics.watch_recorder(self.recorder.health)
-                self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board,
-                                           self.recorder, opts.label, opts.max_in_flight_per_conn,
-                                           opts.limits(), opts.engine_factory)
-                self.worker.start()
-                self._bound.set()
-                log.info("kvscope: listening on %s (loading %s)", self.url, opts.engine.model)
-                if self.on_bound is not None:
-                    self.on_bound()
-                try:
-                    await stop.wait()
-                finally:
-                    await self._shutdown()
-        finally:
-            if self.recorder is not None:  # flush what was queued, whatever stopped us
-                ok = await asyncio.to_thread(self.recorder.close)
-                log.info("kvscope: recorder closed (%s)", "complete" if ok else "INCOMPLETE")
-        return 0
-
-    async def _shutdown(self) -> None:
-        log.info("kvscope: shutting down")
-        self.hub.stopping = True
+    async def _stop_work(self) -> None:
         worker = self.worker
         if worker is not None:
             worker.stop_requested.set()
             self.mailbox.send_lifecycle(None, Shutdown())
             if self.board.current.status is not Status.LOADING:
                 await asyncio.to_thread(worker.join, 30.0)
-        deadline = time.monotonic() + 1.0  # let final replies (finished/abort) reach clients
-        while self.hub.pending_replies() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        # Leaving ``async with server`` closes every connection (1001) and waits for them.
 
 
 __all__ = ["BindRefused", "KVScopeServer", "ServerOptions"]
