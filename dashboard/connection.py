@@ -117,3 +117,9 @@ def connection() -> LiveConnection:
 
 def feed() -> LiveFeed:
     return _feed(settings().url)
+
+
+def attached() -> bool:
+    """True when the server is ``kvscope attach`` (a watched deployment, read-only)."""
+    config = connection().view().config or {}
+    return config.get("kind") == "attached"

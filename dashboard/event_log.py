@@ -8,7 +8,7 @@ from typing import Any
 from engine.events.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, Event, EvictionReason,
     PrefixHit, PrefixLookup, RequestArrived, RequestFinished, RequestForked, RequestProgress,
-    RequestScheduled,
+    RequestScheduled, KVAllCleared, KVBlockRemoved, KVBlockStored, KVGap, KVSegment,
 )
 
 _WHAT = {
@@ -26,6 +26,11 @@ _WHAT = {
     "request_progress": "progress",
     "request_preempted": "preempted (blocks freed, will recompute)",
     "request_finished": "finished",
+    "kv_block_stored": "stored (cached)",
+    "kv_block_removed": "removed (evicted)",
+    "kv_all_cleared": "all blocks cleared",
+    "kv_gap": "HOLE: batches lost",
+    "kv_segment": "stream (re)started",
 }
 
 
@@ -67,7 +72,25 @@ def _detail(e: Event) -> tuple[str, str]:
                     f"{e.num_computed_tokens}/{e.num_tokens} computed")
     if t is RequestFinished:
         return "", f"reason: {e.reason}"
+    if t is KVBlockStored:
+        return _hashes(e.block_hashes), (f"pod {e.pod}; {len(e.block_hashes)} x {e.block_size} tokens "
+                                         f"after {(e.parent_hash or 'the root')[:12]}"
+                                         + (f"; {e.medium}" if e.medium else ""))
+    if t is KVBlockRemoved:
+        return _hashes(e.block_hashes), f"pod {e.pod}" + (f"; {e.medium}" if e.medium else "")
+    if t is KVAllCleared:
+        return "", f"pod {e.pod}: its whole cache"
+    if t is KVGap:
+        return "", (f"pod {e.pod}: batches {e.first_seq}..{e.last_seq} of segment {e.segment} "
+                    f"never arrived ({e.reason})")
+    if t is KVSegment:
+        return "", f"pod {e.pod}: segment {e.segment} from seq {e.first_seq} ({e.reason})"
     return "", ""
+
+
+def _hashes(hashes: tuple[str, ...], shown: int = 3) -> str:
+    more = f" (+{len(hashes) - shown})" if len(hashes) > shown else ""
+    return ", ".join(h[:12] for h in hashes[:shown]) + more
 
 
 def event_rows(events: Iterable[Event]) -> list[dict[str, Any]]:

@@ -18,8 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.client import ServerError
+from engine.events.hash_cache_snapshot import HashCacheSnapshot
 from engine.events.step import StepRecord
 
+from dashboard.attached_frame import AttachedFrame
 from dashboard.frame import RunFrame
 from dashboard.token_text import token_text_for
 
@@ -78,11 +80,16 @@ class LiveFeed:
         if got:
             self.last_seq = got[-1].seq
 
-    def frame(self, view: Any, records: list[StepRecord]) -> RunFrame | None:
-        """The RunFrame for the view's folded state (None before the first snapshot)."""
+    def frame(self, view: Any, records: list[StepRecord]) -> RunFrame | AttachedFrame | None:
+        """The frame for the view's folded state (None before the first snapshot): a
+        RunFrame for an engine, an AttachedFrame for ``kvscope attach``."""
         if view.state is None:
             return None
         events = next((r.events for r in reversed(records) if r.seq == view.seq), [])
+        if isinstance(view.state, HashCacheSnapshot):
+            return AttachedFrame("live", view.run_id or "live", view.state, events, records,
+                                 view.config or {}, token_text_for(view.config),
+                                 metrics=view.metrics or {})
         history = [r.metrics for r in records]
         if not history and view.metrics:
             history = [view.metrics]

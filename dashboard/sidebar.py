@@ -30,9 +30,13 @@ def _status() -> None:
     if view.status == "live" and view.config:
         c = view.config
         st.success(f"**live** · {where}", icon=":material/check_circle:")
-        st.caption(f"model {c.get('model_name', c.get('model', '?'))} · "
-                   f"{c.get('num_blocks')} blocks × {c.get('block_size')} slots · "
-                   f"run `{view.run_id}`")
+        if c.get("kind") == "attached":
+            pods = ", ".join(p.get("pod", "?") for p in c.get("pods") or [])
+            st.caption(f"attached to {pods} · run `{view.run_id}`")
+        else:
+            st.caption(f"model {c.get('model_name', c.get('model', '?'))} · "
+                       f"{c.get('num_blocks')} blocks × {c.get('block_size')} slots · "
+                       f"run `{view.run_id}`")
     elif srv.status == "error":
         st.error(f"server error · {where}\n\n{srv.detail}", icon=":material/error:")
     elif srv.status == "unreachable":
@@ -47,5 +51,6 @@ def render_sidebar() -> None:
     with st.sidebar:
         st.markdown("**Engine**")
         _status()
-        st.markdown("**Block colours**")
-        st.html(legend_html())
+        if (connection().view().config or {}).get("kind") != "attached":  # no block grid there
+            st.markdown("**Block colours**")
+            st.html(legend_html())

@@ -14,11 +14,15 @@ from typing import Any
 
 import streamlit as st
 
-from engine.events.types import BlockEvicted, CowCopy, RequestPreempted
-from engine.events.reducer import PoolState
+from engine.events.hash_cache_snapshot import HashCacheSnapshot
+from engine.events.run_kind import AnyState, RunKind, empty_state
+from engine.events.types import (
+    BlockEvicted, CowCopy, KVAllCleared, KVBlockRemoved, KVGap, KVSegment, RequestPreempted,
+)
 from engine.events.step import StepRecord
 from engine.store.runs import RunStore
 
+from dashboard.attached_frame import AttachedFrame
 from dashboard.frame import RunFrame
 from dashboard.token_text import token_text_for
 
@@ -29,6 +33,11 @@ JUMPS = {  # "jump to next …" targets: event type that marks a step
     "preemption": RequestPreempted,
     "CoW copy": CowCopy,  # copy-on-write
 }
+ATTACHED_JUMPS = {  # the same for an attached run's hash-only events
+    "removal": KVBlockRemoved,
+    "hole": KVGap,
+    "restart or clear": (KVSegment, KVAllCleared),
+}
 
 
 @dataclass(slots=True)
@@ -38,12 +47,20 @@ class StoredRun:
     run: dict[str, Any]
     records: list[StepRecord]
     requests: list[dict[str, Any]]
-    _checkpoints: dict[int, PoolState] = field(default_factory=dict)
+    _checkpoints: dict[int, AnyState] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def config(self) -> dict[str, Any]:
         return self.run.get("config") or {}
+
+    @property
+    def kind(self) -> RunKind:
+        return RunKind.of(self.run.get("kind"))
+
+    @property
+    def jumps(self) -> dict[str, Any]:
+        return ATTACHED_JUMPS if self.kind is RunKind.ATTACHED else JUMPS
 
     @property
     def steps(self) -> list[int]:
@@ -57,15 +74,16 @@ class StoredRun:
             out[q["request_id"]] = params.get("max_tokens")
         return out
 
-    def state_after(self, index: int) -> PoolState:
-        """The folded pool after ``records[index]`` (a fresh copy the caller may keep)."""
+    def state_after(self, index: int) -> AnyState:
+        """The folded state after ``records[index]`` (a fresh copy the caller may keep): the
+        pool of an engine run, the hash cache of an attached one."""
         if not 0 <= index < len(self.records):
             raise IndexError(f"run {self.run['id']} has {len(self.records)} steps, not {index + 1}")
         base = (index // CHECKPOINT_EVERY) * CHECKPOINT_EVERY
         with self._lock:
             start = max((c for c in self._checkpoints if c <= base), default=None)
             if start is None:
-                state = PoolState(int(self.config["num_blocks"]), int(self.config["block_size"]))
+                state = empty_state(self.kind, self.config)
                 start = -1
             else:
                 state = self._checkpoints[start].copy()
@@ -75,12 +93,16 @@ class StoredRun:
                     self._checkpoints[i] = state.copy()
         return state
 
-    def frame(self, index: int) -> RunFrame:
-        """The RunFrame after step ``records[index]`` (history up to it)."""
+    def frame(self, index: int) -> RunFrame | AttachedFrame:
+        """The frame after step ``records[index]`` (history up to it): a RunFrame, or an
+        AttachedFrame for an attached run."""
         state = self.state_after(index)
         rec = self.records[index]
         state.step = rec.step
         snap = state.to_snapshot()
+        if isinstance(snap, HashCacheSnapshot):
+            return AttachedFrame("replay", self.run["id"], snap, rec.events, self.records,
+                                 self.config, token_text_for(self.config), index, rec.metrics)
         return RunFrame(source="replay", key=self.run["id"], snapshot=snap, events=rec.events,
                         history=[r.metrics for r in self.records[:index + 1]],
                         config=self.config, records=self.records,
@@ -88,10 +110,10 @@ class StoredRun:
 
     def next_index(self, index: int, kind: str, backwards: bool = False) -> int | None:
         """The next (or previous) record index whose events include ``kind``."""
-        cls = JUMPS[kind]
+        cls = self.jumps[kind]
         rng = range(index - 1, -1, -1) if backwards else range(index + 1, len(self.records))
         for i in rng:
-            if any(type(e) is cls for e in self.records[i].events):
+            if any(isinstance(e, cls) for e in self.records[i].events):
                 return i
         return None
 
@@ -116,5 +138,8 @@ def run_label(run: dict[str, Any]) -> str:
     cfg = run.get("config") or {}
     when = _t.strftime("%Y-%m-%d %H:%M:%S", _t.localtime(run.get("started_at") or 0))
     name = run.get("label") or run["id"]
+    if run.get("kind") == RunKind.ATTACHED:
+        pods = ", ".join(p.get("pod", "?") for p in cfg.get("pods") or [])
+        return f"{name} · {when} · attached to {pods} · {run.get('num_steps', 0)} steps"
     return (f"{name} · {when} · {cfg.get('num_blocks', '?')}×{cfg.get('block_size', '?')} "
             f"blocks · {run.get('num_steps', 0)} steps · {run.get('num_requests', 0)} requests")

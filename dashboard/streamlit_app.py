@@ -29,6 +29,7 @@ PAGES = [
     st.Page("views/live.py", title="Live", icon=":material/grid_view:", default=True),
     st.Page("views/submit.py", title="Submit", icon=":material/send:"),
     st.Page("views/replay.py", title="Replay", icon=":material/replay:"),
+    st.Page("views/attached.py", title="Attached", icon=":material/hub:"),
     st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page("views/lessons.py", title="Lessons", icon=":material/school:"),
     st.Page("views/engine_settings.py", title="Engine", icon=":material/settings:"),

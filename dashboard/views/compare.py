@@ -17,7 +17,8 @@ from dashboard.stored_runs import load_run, run_label
 def page() -> None:
     st.title("Compare two runs")
     store = RunStore()
-    runs = [r for r in store.list_runs() if r.get("num_steps")]
+    # an attached run has no pool, scheduler or latency per step to overlay: engine runs only
+    runs = [r for r in store.list_runs() if r.get("num_steps") and r.get("kind") != "attached"]
     if len(runs) < 2:
         st.info("Compare needs two stored runs with steps. Submit a preset, change a setting "
                 "on the Engine page, submit it again, then come back.")

@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.client import ServerError
 
-from dashboard.connection import connection, restart_managed_server, server_status
+from dashboard.connection import attached, connection, restart_managed_server, server_status
 
 WHY_FIXED = """
 **Why these are fixed while an engine runs.** The KV cache is allocated once, up front:
@@ -74,6 +74,11 @@ def _restart(options: dict) -> None:
 
 def page() -> None:
     st.title("Engine settings")
+    if attached():
+        st.info("`kvscope attach` watches a deployment it does not own: its engine settings are "
+                "set where it is served (vLLM's or SGLang's own flags).", icon=":material/visibility:")
+        st.dataframe((connection().view().config or {}).get("pods") or [], hide_index=True)
+        return
     view = connection().view()
     if view.status != "live" or not view.config:
         srv = server_status()

@@ -8,7 +8,9 @@ import streamlit as st
 
 from engine.client import ServerError
 
-from dashboard.connection import connection, feed, server_status, settings
+from dashboard.attached_frame import AttachedFrame
+from dashboard.attached_view import render_attached_view
+from dashboard.connection import attached, connection, feed, server_status, settings
 from dashboard.panels import render_run_view
 
 
@@ -34,6 +36,8 @@ def _waiting_for_server(view) -> None:
 
 def _body() -> None:
     view = connection().view()
+    if ((view.config or {}).get("kind") == "attached") != st.session_state.get("_live_attached"):
+        st.rerun(scope="app")  # the header (title, reset button) was drawn for the other kind
     if view.state is None or view.status not in ("live", "resyncing"):
         _waiting_for_server(view)
         return
@@ -42,7 +46,10 @@ def _body() -> None:
     frame = f.frame(view, f.poll(view))
     if view.status == "resyncing":
         st.caption("Resynchronising: this client fell behind and asked for a fresh snapshot.")
-    render_run_view(frame)
+    if isinstance(frame, AttachedFrame):
+        render_attached_view(frame)
+    else:
+        render_run_view(frame)
 
 
 def _reset_prefix_cache() -> None:
@@ -54,14 +61,22 @@ def _reset_prefix_cache() -> None:
 
 
 def page() -> None:
-    st.title("Live: the paged KV cache right now")
+    connection().wait_live(timeout=2.0)  # a just-opened connection needs a moment to say what it is
+    watching = st.session_state["_live_attached"] = attached()
+    st.title("Live: an attached deployment's prefix cache" if watching
+             else "Live: the paged KV cache right now")
     left, mid, right = st.columns([2, 1.2, 1.2])
-    left.caption("Each cell is one physical KV block. Submit requests (or a teaching preset) "
-                 "and watch blocks get allocated, shared, copied on write, cached and evicted.")
+    if watching:
+        left.caption("kvscope attach follows a vLLM / SGLang / kvscope deployment's KV cache "
+                     "events; each step is one batch a pod published.")
+    else:
+        left.caption("Each cell is one physical KV block. Submit requests (or a teaching preset) "
+                     "and watch blocks get allocated, shared, copied on write, cached and evicted.")
     paused = mid.toggle("Pause updates", key="live_paused",
                         help="Freeze the view to inspect it (hover the blocks).")
-    right.button("Reset prefix cache", on_click=_reset_prefix_cache, key="live_reset",
-                 help="Forget every cached hash: the next identical prompt misses (cold).")
+    if not watching:  # a watched deployment is someone else's: nothing to reset from here
+        right.button("Reset prefix cache", on_click=_reset_prefix_cache, key="live_reset",
+                     help="Forget every cached hash: the next identical prompt misses (cold).")
     period = None if paused else settings().refresh_s
     st.fragment(run_every=period)(_body)()
 

@@ -8,9 +8,11 @@ import streamlit as st
 
 from engine.store.runs import RunStore
 
+from dashboard.attached_frame import AttachedFrame
+from dashboard.attached_view import render_attached_view
 from dashboard.panels import render_run_view
 from dashboard.run_summary import CONFIG_KEYS
-from dashboard.stored_runs import JUMPS, StoredRun, load_run, run_label
+from dashboard.stored_runs import StoredRun, load_run, run_label
 
 PLAY_PERIOD_S = 0.5  # two frames a second: slow enough to read the grid change
 
@@ -39,8 +41,12 @@ def _pick_run(store: RunStore) -> dict | None:
 def _run_details(store: RunStore, run: dict) -> None:
     with st.expander("Run details: engine config and label"):
         cfg = run.get("config") or {}
-        st.dataframe([{"setting": k, "value": str(cfg.get(k, run.get(k, "–")))} for k in CONFIG_KEYS],
-                     hide_index=True)
+        if run.get("kind") == "attached":
+            st.caption("An attached run: `kvscope attach` recorded these pods' KV event streams.")
+            st.dataframe(cfg.get("pods") or [], hide_index=True)
+        else:
+            st.dataframe([{"setting": k, "value": str(cfg.get(k, run.get(k, "–")))}
+                          for k in CONFIG_KEYS], hide_index=True)
         with st.form(f"label_{run['id']}", border=False):
             label = st.text_input("Label", value=run.get("label") or "",
                                   placeholder="e.g. block_size 8, shared system prompt")
@@ -73,7 +79,7 @@ def _controls(sr: StoredRun, idx: int) -> None:
                    disabled=idx == 0, key="replay_prev", width="stretch")
     cols[2].button("step :material/skip_next:", on_click=_set_index, args=(min(idx + 1, last),),
                    disabled=idx >= last, key="replay_next", width="stretch")
-    for col, kind in zip(cols[3:], JUMPS):
+    for col, kind in zip(cols[3:], sr.jumps):
         target = sr.next_index(idx, kind)
         col.button(f"next {kind} :material/fast_forward:", on_click=_set_index, args=(target,),
                    disabled=target is None, key=f"replay_jump_{kind}", width="stretch",
@@ -106,14 +112,18 @@ def _player(sr: StoredRun, ticking: bool) -> None:
                   on_change=lambda: _set_index(
                       max(bisect.bisect_right(steps, st.session_state["replay_slider"]) - 1, 0)))
     _controls(sr, idx)
-    render_run_view(sr.frame(idx), marker=steps[idx],
-                    timeline=[r.metrics for r in sr.records])
+    frame = sr.frame(idx)
+    if isinstance(frame, AttachedFrame):
+        render_attached_view(frame, marker=steps[idx])
+    else:
+        render_run_view(frame, marker=steps[idx], timeline=[r.metrics for r in sr.records])
 
 
 def page() -> None:
     st.title("Replay a stored run")
-    st.caption("Every run `kvscope serve` records is stored in SQLite; its pool is rebuilt "
-               "here step by step by the same reducer the Live page uses.")
+    st.caption("Every run `kvscope serve` (or `kvscope attach`) records is stored in SQLite; its "
+               "pool (or an attached deployment's cache) is rebuilt here step by step by the same "
+               "reducer the Live page uses.")
     store = RunStore()
     run = _pick_run(store)
     if run is None:

@@ -9,7 +9,7 @@ import streamlit as st
 from engine.client import ServerError
 from engine.openai.snippets import TOKEN_ENV, curl_snippet, python_snippet
 
-from dashboard.connection import connection, feed, settings
+from dashboard.connection import attached, connection, feed, settings
 from dashboard.outputs_view import render_outputs
 from dashboard.preset_runner import PresetRunner, submit_one
 from dashboard.presets import PRESETS, Submission
@@ -106,6 +106,11 @@ def _api_snippets() -> None:
 
 def page() -> None:
     st.title("Submit requests")
+    if attached():
+        st.info("This dashboard watches a deployment through `kvscope attach`, which only "
+                "listens: send requests to the deployment's own API (e.g. its OpenAI endpoint), "
+                "then watch them on the Live page.", icon=":material/visibility:")
+        return
     st.subheader("Teaching presets")
     st.caption("One click creates a workload sized to the running engine. "
                "Open the Live page to watch it.")

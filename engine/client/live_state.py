@@ -1,8 +1,9 @@
 """LiveState: what a live client knows of the server, folded from server messages.
 
 Pure Python, no I/O and no locks (``LiveConnection`` adds the thread, the socket
-and the lock). Step events fold into a ``PoolState`` (the reducer replay uses)
-starting from the server's snapshot; steps with ``seq`` at or below the
+and the lock). Step events fold into a ``PoolState`` (the reducer replay uses), or
+a ``HashCacheState`` when the server is ``kvscope attach``, starting from the
+server's snapshot; steps with ``seq`` at or below the
 snapshot's are already in it. A gap in ``seq`` (the server dropped steps for a
 slow client) or an event the reducer rejects (drift) puts it in ``resyncing``:
 ``apply`` then answers True once, meaning "ask the server for a snapshot", and
@@ -18,7 +19,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events.reducer import ImpossibleEventError, PoolSnapshot, PoolState
+from engine.events.reducer import ImpossibleEventError
+from engine.events.run_kind import AnySnapshot, AnyState, state_from_snapshot
 from engine.events.step import StepRecord
 from engine.protocol.messages import Error, Finished, Hello, Message, Output, Snapshot, Step
 
@@ -53,7 +55,7 @@ class LiveView:
     run_id: str | None
     config: dict[str, Any] | None
     seq: int  # last step folded into ``state``
-    state: PoolSnapshot | None  # the folded pool as of ``seq`` (lags while resyncing)
+    state: AnySnapshot | None  # the folded pool (or hash cache) as of ``seq`` (lags while resyncing)
     metrics: dict[str, Any] | None  # latest step's metrics
     metrics_history: list[dict[str, Any]]  # oldest first, bounded
     recent_steps: list[StepRecord]  # oldest first, bounded
@@ -80,11 +82,11 @@ class LiveState:
     def __init__(self, history: int = 600, recent_steps: int = 100, max_requests: int = 1000) -> None:
         self.status = LinkStatus.CONNECTING
         self.hello: Hello | None = None
-        self.state: PoolState | None = None  # None: waiting for a snapshot (or after a drift)
+        self.state: AnyState | None = None  # None: waiting for a snapshot (or after a drift)
         self.seq = -1
         self.resyncing = False
         self._asked = False  # one snapshot request per resync
-        self._last_good: PoolSnapshot | None = None  # shown while the state is unusable
+        self._last_good: AnySnapshot | None = None  # shown while the state is unusable
         self.metrics: dict[str, Any] | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=history)
         self.recent: deque[StepRecord] = deque(maxlen=recent_steps)
@@ -101,7 +103,7 @@ class LiveState:
                         self.seq, self._state_dict(), self.metrics, list(self.history),
                         list(self.recent), list(self.errors), self.gaps)
 
-    def _state_dict(self) -> PoolSnapshot | None:
+    def _state_dict(self) -> AnySnapshot | None:
         if self.state is not None:
             try:
                 self._last_good = self.state.to_snapshot()
@@ -126,7 +128,7 @@ class LiveState:
                 self.metrics = None
             self.hello, self.state, self.seq, self._last_good = msg, None, -1, None
         elif isinstance(msg, Snapshot):
-            self.state = PoolState.from_snapshot(msg.state)
+            self.state = state_from_snapshot(msg.state)
             self.seq = msg.seq
             self.resyncing = self._asked = False
             self.metrics = msg.metrics or self.metrics

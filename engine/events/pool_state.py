@@ -11,9 +11,9 @@ Writer: ``apply_event``, through the per-event rules in ``engine.events.rules``
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
 from typing import Any
 
+from engine.events.fold import Fold
 from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.pool_summary import PoolSummary
 from engine.events.request_state import RequestState
@@ -22,7 +22,7 @@ from engine.events.rules import HANDLERS, ImpossibleEventError
 from engine.events.types import Event, event_from_dict
 
 
-class PoolState:
+class PoolState(Fold):
     """Mutable folded state; O(1) per block event (O(table) for a few request events)."""
 
     __slots__ = ("step", "block_size", "num_blocks", "ref", "hash", "block_tokens", "free",
@@ -81,15 +81,6 @@ class PoolState:
         self.step = event.step
         handler(self, event)
 
-    def apply_events(self, events: Iterable[Event | dict[str, Any]]) -> None:
-        """Fold ``events`` in order, in place."""
-        for e in events:
-            self.apply_event(e)
-
-    def apply_step(self, record: Any) -> None:
-        """Fold a StepRecord's events; the state's step becomes the record's."""
-        self.apply_events(record.events)
-        self.step = record.step
 
     # ---- output ------------------------------------------------------------
 

@@ -1,4 +1,8 @@
-"""Protocol v2 event types: every block and request state change the core makes.
+"""Protocol v2 event types: every block and request state change the core makes, and
+the hash-only events of an attached foreign engine.
+
+(Past 300 lines because this is the one registry of every event type on the wire,
+kvscope's own and attach mode's; the rules that fold them live elsewhere.)
 
 Plain Python (no torch). Each event is a frozen dataclass with a ``type`` tag and
 the engine ``step`` it happened in; ``to_dict``/``event_from_dict`` give the JSON
@@ -34,9 +38,31 @@ Semantics the reducer relies on (writer: ``engine.core``):
   table's place; its reference to ``src`` is dropped, leaving
   ``src_ref_count`` (>= 1, so src never becomes free here). No ``block_freed``
   accompanies it. The runner copies src → dst before the step's forward.
+- ``request_arrived``: a waiting request with no blocks. ``parent_id`` is set for
+  sample k > 0 of an ``n > 1`` request entered as its own request (vLLM v1's parallel
+  sampling, ``n_sharing="prefix_cache"``): it shares blocks only through prefix hits.
 - ``request_scheduled``: ``phase`` is a ``ScheduledPhase``.
 - ``request_progress``: absolute ``num_tokens``/``num_computed_tokens`` after the
   step's update, plus the tokens appended this step.
+
+Hash-only events (writer: ``engine.attach``; folded by ``engine.events.hash_cache_state``)
+are what ``kvscope attach`` records from a vLLM / SGLang / kvscope KV event stream.
+They carry no block ids, ref counts or request ids, because the stream has none.
+Each names the ``pod`` it came from; hashes are strings (``engine.events.hash_key``).
+- ``kv_block_stored``: the chain ``block_hashes`` became cached; the first one's
+  parent is ``parent_hash`` (None: a root), each next one's parent is the one
+  before it; ``token_ids`` are the blocks' tokens, ``block_size`` per block. A hash
+  already cached on that pod and medium is stored again (vLLM's "full" report mode):
+  it is touched, not duplicated.
+- ``kv_block_removed``: those hashes left the pod's cache (evicted). A hash the
+  fold does not hold (stored before the attach, or lost in a hole) is counted.
+- ``kv_all_cleared``: the pod's cache is empty (a prefix-cache reset).
+- ``kv_gap``: the pod's batches ``first_seq..last_seq`` of segment ``segment``
+  never arrived and replay could not return them; the pod's fold may miss stores
+  and removals from then on (it says so).
+- ``kv_segment``: the pod's stream (re)starts at ``first_seq`` of a new segment:
+  the publisher restarted (its seq went back), so its cache starts empty.
+``ts`` of stored/removed/cleared is the source's batch time (the source's clock).
 
 Version 2 (this one) added ``block_evicted.reason``, ``cow_copy.src_ref_count``
 (no ``block_freed`` before it any more) and ``prefix_lookup.resumed``;
@@ -197,6 +223,7 @@ class RequestArrived(Event):
     num_prompt_tokens: int
     prompt_token_ids: tuple[int, ...] = ()
     arrival_index: int = 0
+    parent_id: str | None = None  # a sample k > 0 entered as its own request (n_sharing="prefix_cache")
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +272,78 @@ class RequestFinished(Event):
     reason: str  # "length" | "stop" | "abort"
 
 
+# ---- hash-only events (attach mode) -----------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class KVBlockStored(Event):
+    type: ClassVar[str] = "kv_block_stored"
+    pod: str
+    block_hashes: tuple[str, ...]
+    parent_hash: str | None
+    token_ids: tuple[int, ...]  # len(block_hashes) * block_size, block after block
+    block_size: int
+    ts: float
+    medium: str | None = None
+    lora_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.block_hashes) * self.block_size:
+            raise ValueError(f"kv_block_stored on {self.pod!r}: {len(self.block_hashes)} blocks of "
+                             f"{self.block_size} tokens need {len(self.block_hashes) * self.block_size} "
+                             f"token ids, got {len(self.token_ids)}")
+
+    def block_tokens(self, i: int) -> tuple[int, ...]:
+        """The tokens of block ``i`` of this chain."""
+        return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
+
+
+@dataclass(frozen=True, slots=True)
+class KVBlockRemoved(Event):
+    type: ClassVar[str] = "kv_block_removed"
+    pod: str
+    block_hashes: tuple[str, ...]
+    ts: float
+    medium: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KVAllCleared(Event):
+    type: ClassVar[str] = "kv_all_cleared"
+    pod: str
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class KVGap(Event):
+    type: ClassVar[str] = "kv_gap"
+    pod: str
+    segment: int
+    first_seq: int
+    last_seq: int
+    reason: str  # e.g. "not in the replay buffer", "no replay endpoint", "undecodable: ..."
+
+    @property
+    def num_batches(self) -> int:
+        return self.last_seq - self.first_seq + 1
+
+
+@dataclass(frozen=True, slots=True)
+class KVSegment(Event):
+    type: ClassVar[str] = "kv_segment"
+    pod: str
+    segment: int
+    first_seq: int
+    reason: str  # "attach" (the first batch seen) | "restart" (the seq went back)
+
+
+KV_EVENT_TYPES = (KVBlockStored, KVBlockRemoved, KVAllCleared, KVGap, KVSegment)
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (
         BlockAllocated, BlockFreed, BlockCached, BlockEvicted, PrefixHit, PrefixLookup,
         CowCopy, PrefixCacheReset, RequestArrived, RequestForked, RequestScheduled,
-        RequestProgress, RequestPreempted, RequestFinished,
+        RequestProgress, RequestPreempted, RequestFinished, *KV_EVENT_TYPES,
     )
 }
 

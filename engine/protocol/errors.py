@@ -19,6 +19,7 @@ class ErrorCode:
     BAD_REQUEST = "bad_request"            # missing/ill-typed fields, bad token ids, ...
     BAD_PARAMS = "bad_params"              # sampling params invalid or out of range
     PROMPT_TOO_LONG = "prompt_too_long"
+    EMPTY_PROMPT = "empty_prompt"          # no tokens to generate from (or a chat of empty messages)
     QUEUE_FULL = "queue_full"              # the engine's waiting queue is full
     BUSY = "busy"                          # the engine thread's command queue is full
     TOO_MANY_IN_FLIGHT = "too_many_in_flight"  # this connection's in-flight limit
@@ -29,6 +30,7 @@ class ErrorCode:
     SLOW_CLIENT = "slow_client"            # replies piled up past the bound; connection closed
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"                  # an engine fault; the request was aborted
+    READ_ONLY = "read_only"                # kvscope attach: the engine is someone else's
 
 
 class ProtocolError(Exception):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.run_kind import AnySnapshot, snapshot_from_dict
 from engine.events.step import StepRecord
 from engine.protocol.errors import ErrorCode, ProtocolError
 
@@ -54,12 +54,13 @@ class Hello(Message):
 
 @dataclass(frozen=True, slots=True)
 class Snapshot(Message):
-    """The pool state after step message ``seq`` (-1: before any step of this run),
-    and the metrics of that step ({} before any)."""
+    """The state after step message ``seq`` (-1: before any step of this run), and the
+    metrics of that step ({} before any). ``state`` is a ``PoolSnapshot`` for an engine,
+    a ``HashCacheSnapshot`` (its JSON says ``"kind": "hash_cache"``) for ``kvscope attach``."""
 
     type: ClassVar[str] = "snapshot"
     seq: int
-    state: PoolSnapshot
+    state: AnySnapshot
     metrics: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,7 +70,7 @@ class Snapshot(Message):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Snapshot:
         try:
-            return cls(int(d["seq"]), PoolSnapshot.from_dict(d["state"]), dict(d.get("metrics") or {}))
+            return cls(int(d["seq"]), snapshot_from_dict(d["state"]), dict(d.get("metrics") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(ErrorCode.BAD_JSON, f"malformed snapshot message: {exc!r}") from None
 

@@ -28,7 +28,10 @@ Modules:
 - ``health``: loading → ready → stopping, as ``/healthz`` reports it.
 - ``prom``: the Prometheus registry (vLLM's names and labels); ``metrics``: its families.
 - ``security``: bind policy and token checks.
-- ``app``: ``KVScopeServer`` and ``ServerOptions``: assemble (Starlette on uvicorn, one
-  port), run, shut down.
+- ``front_door``: ``FrontDoor``, the one port (Starlette on uvicorn) around a worker,
+  shared with ``kvscope attach``: bind, record, run, shut down.
+- ``hub_metrics``: what the port needs of a ``/metrics`` registry.
+- ``app``: ``KVScopeServer`` and ``ServerOptions``: the engine thread and the OpenAI
+  routes on a ``FrontDoor``.
 - ``commands``: ``kvscope serve``.
 """

@@ -45,8 +45,7 @@ class ClientGone(Exception):
     """The HTTP client disconnected before the answer was ready."""
 
 
-async def error_response(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
+def error_response(exc: ApiError) -> Response:
     headers = {"WWW-Authenticate": 'Bearer realm="kvscope"'} if exc.status == 401 else None
     return JSONResponse(exc.body(), exc.status, headers)
 
@@ -244,7 +243,10 @@ async def _events(ex: Exchange, asm: Assembler) -> AsyncIterator[bytes]:
 def api_routes(ctx: ApiContext) -> list[BaseRoute]:
     def bind(fn, *args):
         async def endpoint(request: Request) -> Response:
-            return await fn(ctx, request, *args)
+            try:
+                return await fn(ctx, request, *args)
+            except ApiError as exc:  # every refusal, in OpenAI's shape (the port's other
+                return error_response(exc)  # routes answer in their own)
         return endpoint
 
     return [Route("/v1/models", bind(models), methods=["GET"]),

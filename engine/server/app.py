@@ -1,11 +1,10 @@
-"""KVScopeServer: one engine thread + one HTTP/websocket server (uvicorn) on one port.
+"""KVScopeServer: one engine thread behind one port (``engine.server.front_door``).
 
 The port answers the websocket protocol v2 (the dashboard, ``kvscope submit``),
 ``/healthz``, ``/metrics`` and the OpenAI API (``/v1/models``, ``/v1/completions``,
-``/v1/chat/completions``, ``/reset_prefix_cache``): a Starlette app on uvicorn, whose
-websockets run on the ``websockets`` package (sans-I/O). Both front doors are sinks
-of the one engine thread's mailbox (a websocket connection, an API call): they send
-protocol ops, and ``Hub.deliver`` hands each answer to its sink, whichever door.
+``/v1/chat/completions``, ``/reset_prefix_cache``; ``api_routes``). Both doors are
+sinks of the engine thread's mailbox (a websocket connection, an API call): they
+send protocol ops, and ``Hub.deliver`` hands each answer to its sink, whichever door.
 
 The port is bound at once and the model loads in the background (``/healthz``
 says ``loading``; websocket handshakes and API calls get 503 until it is ready).
@@ -22,39 +21,24 @@ close the recorder.
 from __future__ import annotations
 
 import asyncio
-import logging
-import signal
-import socket
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute
 
 from engine.config import EngineConfig
-from engine.openai.errors import ApiError
 from engine.openai.request import ParseLimits
 from engine.server.api_desk import ApiDesk
-from engine.server.api_routes import ApiContext, api_routes, error_response
+from engine.server.api_routes import ApiContext, api_routes
 from engine.server.engine_loop import EngineFactory, EngineWorker
+from engine.server.front_door import FrontDoor, Post
 from engine.server.health import Health, HealthBoard, Status
-from engine.server.http import Gate, not_found
-from engine.server.hub import Hub, HubLimits
-from engine.server.mailbox import Delivery, Mailbox, Shutdown
+from engine.server.hub import HubLimits
+from engine.server.mailbox import Shutdown
 from engine.server.prom import ServerMetrics
 from engine.server.request_book import MAX_N
 from engine.server.security import BindRefused, check_bind
-from engine.server.ws_adapter import TransportWebSocketProtocol
-
-log = logging.getLogger("kvscope.server")
-
-HARD_FRAME_FACTOR = 4  # frames up to 4x the limit get an error reply; beyond, websockets closes (1009)
-PING_TIMEOUT_S = 20.0  # websockets' default: a peer that does not answer a ping in time is dropped
-GRACEFUL_HTTP_S = 5  # after the engine stopped, how long HTTP responses in flight may take to end
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,34 +97,20 @@ class ServerOptions:
                 "max_n": MAX_N}
 
 
-class KVScopeServer:
+class KVScopeServer(FrontDoor):
     def __init__(self, options: ServerOptions) -> None:
+        super().__init__(host=options.host, port=options.port, db=options.db, record=options.record,
+                         token=options.token, max_frame_bytes=options.max_frame_bytes,
+                         ping_interval=options.ping_interval,
+                         limits=HubLimits(options.max_frame_bytes, options.step_buffer,
+                                          options.step_history),
+                         max_pending_ops=options.max_pending_ops,
+                         board=HealthBoard(options.engine.model),
+                         metrics=ServerMetrics(options.model_name))
         self.options = options
-        self.port: int | None = None
-        self.board = HealthBoard(options.engine.model)
-        self.metrics = ServerMetrics(options.model_name)
         self.metrics.watch_config(lambda: self.board.current.config)
-        self.mailbox = Mailbox(options.max_pending_ops)
-        self.hub = Hub(self.mailbox, self.metrics,
-                       HubLimits(options.max_frame_bytes, options.step_buffer, options.step_history))
-        self.desk = ApiDesk(self.mailbox, self._engine_alive)
-        self.gate = Gate(self.board, self.metrics, options.token,
-                         lambda: {"connections": len(self.hub.conns),
-                                  "api_calls": len(self.desk.exchanges),
-                                  "served_model_name": options.model_name,
-                                  "uptime_s": round(time.time() - self.board.started, 3)})
-        self.recorder: Any = None
         self.worker: EngineWorker | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._bound = threading.Event()
-        self._bind_error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self.on_bound: Callable[[], None] | None = None  # called once the port is bound (CLI banner)
-
-    @property
-    def url(self) -> str:
-        return f"ws://{self._hostport}"
+        self.desk = ApiDesk(self.mailbox, self._engine_alive)
 
     @property
     def http_url(self) -> str:
@@ -148,39 +118,8 @@ class KVScopeServer:
         return f"http://{self._hostport}/v1"
 
     @property
-    def _hostport(self) -> str:
-        host = self.options.host if ":" not in self.options.host else f"[{self.options.host}]"
-        return f"{host}:{self.port}"
-
-    def _engine_alive(self) -> bool:
-        w = self.worker
-        return w is not None and (w.is_alive() or self.board.current.status is Status.LOADING)
-
-    def asgi_app(self) -> Starlette:
-        """The one app behind the port: the server's own routes and the OpenAI API."""
-        opts = self.options
-        ctx = ApiContext(self.desk, self.board, self.gate,
-                         ParseLimits(max_n=MAX_N, max_prompts=opts.max_in_flight_per_conn),
-                         opts.max_frame_bytes, opts.served_model_name or (opts.engine.model,))
-        return Starlette(routes=self.gate.routes(self.hub) + api_routes(ctx),
-                         exception_handlers={ApiError: error_response, HTTPException: not_found})
-
-    @property
     def health(self) -> Health:
         return self.board.current
-
-    # ---- running ----------------------------------------------------------------------
-
-    def start(self, timeout: float = 30.0) -> KVScopeServer:
-        """Run in a background thread; returns once the port is bound (not loaded)."""
-        self._thread = threading.Thread(target=lambda: asyncio.run(self.run()), name="kvscope-server",
-                                        daemon=True)
-        self._thread.start()
-        if not self._bound.wait(timeout):
-            raise TimeoutError("the server did not bind in time")
-        if self._bind_error is not None:
-            raise self._bind_error
-        return self
 
     def wait_ready(self, timeout: float = 60.0) -> Health:
         """Block until the model is loaded (or failed to load); returns the health."""
@@ -191,113 +130,41 @@ class KVScopeServer:
             time.sleep(0.02)
         return self.board.current
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Graceful shutdown from any thread; waits for it to complete."""
-        loop, ev = self._loop, self._stop_event
-        if loop is not None and ev is not None:
-            try:
-                loop.call_soon_threadsafe(ev.set)
-            except RuntimeError:
-                pass  # the loop already ended
-        if self._thread is not None:
-            self._thread.join(timeout)
+    def _describe(self) -> str:
+        return f"listening on {self.url} and {self.http_url} (loading {self.options.engine.model})"
 
-    def serve_forever(self) -> int:
-        """Run in this (main) thread until SIGINT/SIGTERM; returns the exit code."""
-        return asyncio.run(self.run(install_signals=True))
+    def _engine_alive(self) -> bool:
+        w = self.worker
+        return w is not None and (w.is_alive() or self.board.current.status is Status.LOADING)
 
-    async def run(self, install_signals: bool = False) -> int:
-        loop = self._loop = asyncio.get_running_loop()
-        stop = self._stop_event = asyncio.Event()
-        if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
+    def _routes(self) -> list[BaseRoute]:
         opts = self.options
+        return api_routes(ApiContext(
+            self.desk, self.board, self.gate,
+            ParseLimits(max_n=MAX_N, max_prompts=opts.max_in_flight_per_conn),
+            opts.max_frame_bytes, opts.served_model_name or (opts.engine.model,)))
 
-        def post(batch: list[Delivery]) -> None:
-            try:
-                loop.call_soon_threadsafe(self.hub.deliver, batch)
-            except RuntimeError:
-                pass  # the loop has closed: we are past shutdown
+    def _open_calls(self) -> int:
+        return len(self.desk.exchanges)
 
-        try:
-            sock = _listen(opts.host, opts.port)
-            http = _http_server(self.asgi_app(), opts)
-            await http.startup(sockets=[sock])
-        except BaseException as exc:
-            self._bind_error = exc
-            self._bound.set()
-            raise
-        try:
-            self.port = sock.getsockname()[1]
-            if opts.record:
-                from engine.store import Recorder, RunStore
+    def _extra_health(self) -> dict[str, Any]:
+        return {"api_calls": len(self.desk.exchanges), "served_model_name": self.options.model_name}
 
-                self.recorder = Recorder(opts.db)
-                self.hub.history.store = RunStore(self.recorder.path)
-                self.board.watch_recorder(self.recorder.health)
-                self.metrics.watch_recorder(self.recorder.health)
-            self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board,
-                                       self.recorder, opts.label, opts.max_in_flight_per_conn,
-                                       opts.limits(), opts.engine_factory)
-            self.worker.start()
-            self._bound.set()
-            log.info("kvscope: listening on %s and %s (loading %s)", self.url, self.http_url,
-                     opts.engine.model)
-            if self.on_bound is not None:
-                self.on_bound()
-            try:
-                await stop.wait()
-            finally:
-                await self._shutdown()
-                await http.shutdown(sockets=[sock])
-        finally:
-            if self.recorder is not None:  # flush what was queued, whatever stopped us
-                ok = await asyncio.to_thread(self.recorder.close)
-                log.info("kvscope: recorder closed (%s)", "complete" if ok else "INCOMPLETE")
-        return 0
+    def _start_work(self, post: Post) -> None:
+        opts = self.options
+        self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board, self.recorder,
+                                   opts.label, opts.max_in_flight_per_conn, opts.limits(),
+                                   opts.engine_factory)
+        self.worker.start()
 
-    async def _shutdown(self) -> None:
-        log.info("kvscope: shutting down")
-        self.hub.stopping = self.desk.stopping = self.gate.stopping = True
+    async def _stop_work(self) -> None:
+        self.desk.stopping = True  # new API calls get 503 from here on
         worker = self.worker
         if worker is not None:
             worker.stop_requested.set()
             self.mailbox.send_lifecycle(None, Shutdown())
             if self.board.current.status is not Status.LOADING:
                 await asyncio.to_thread(worker.join, 30.0)
-        deadline = time.monotonic() + 1.0  # let final replies (finished/abort) reach clients
-        while (self.hub.pending_replies() or self.desk.exchanges) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        conns = list(self.hub.conns.values())
-        await asyncio.gather(*(c.ws.close(1001, "server shutting down") for c in conns),
-                             return_exceptions=True)
-        # The HTTP server's own shutdown (after this) ends idle keep-alive connections and
-        # waits up to GRACEFUL_HTTP_S for responses still being written.
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """The listening socket (bound here, so a taken port is an OSError for the caller)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host.strip("[]"), port), family=family, backlog=2048)
-    sock.setblocking(False)
-    return sock
-
-
-def _http_server(app: Starlette, opts: ServerOptions) -> uvicorn.Server:
-    config = uvicorn.Config(
-        app, http="h11", ws=TransportWebSocketProtocol, lifespan="off",
-        ws_max_size=opts.max_frame_bytes * HARD_FRAME_FACTOR,
-        ws_per_message_deflate=False,  # deflate per client would cost CPU per broadcast
-        ws_ping_interval=opts.ping_interval, ws_ping_timeout=PING_TIMEOUT_S,
-        log_config=None, access_log=False, server_header=False,
-        timeout_graceful_shutdown=GRACEFUL_HTTP_S)
-    config.load()
-    server = uvicorn.Server(config)
-    # What Server.serve() does before startup(); serve() itself is not used because it
-    # installs its own SIGINT/SIGTERM handlers and re-raises them after shutdown.
-    server.lifespan = config.lifespan_class(config)
-    return server
 
 
 __all__ = ["BindRefused", "KVScopeServer", "ServerOptions"]

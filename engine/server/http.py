@@ -29,7 +29,8 @@ from starlette.websockets import WebSocket
 
 from engine.server.health import HealthBoard, Status
 from engine.server.hub import Hub
-from engine.server.prom import CONTENT_TYPE, ServerMetrics
+from engine.server.hub_metrics import HubMetrics
+from engine.server.prom import CONTENT_TYPE
 from engine.server.security import ALLOWED_ORIGINS, token_ok
 from engine.server.ws_adapter import AsgiWebSocket
 
@@ -56,7 +57,7 @@ def origin_allowed(origin: str | None) -> bool:
 class Gate:
     """Who may use the port: the token, the Origin, and whether the engine is ready."""
 
-    def __init__(self, board: HealthBoard, metrics: ServerMetrics, token: str | None,
+    def __init__(self, board: HealthBoard, metrics: HubMetrics, token: str | None,
                  extra_health: Callable[[], dict[str, Any]] | None = None) -> None:
         self.board = board
         self.metrics = metrics

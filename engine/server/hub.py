@@ -27,7 +27,7 @@ from engine.protocol.messages import Error, Pong, Step
 from engine.protocol.ops import Op, Ping, StepsSince
 from engine.server.mailbox import Attach, Delivery, Detach, Mailbox, NewRun, Reply, StepOut
 from engine.server.outbox import Outbox
-from engine.server.prom import ServerMetrics
+from engine.server.hub_metrics import HubMetrics
 from engine.server.step_history import StepHistory
 from engine.server.ws_adapter import AsgiWebSocket
 from engine.server.ws_connection import ClientConn
@@ -48,7 +48,7 @@ class HubLimits:
 
 
 class Hub:
-    def __init__(self, mailbox: Mailbox, metrics: ServerMetrics, limits: HubLimits) -> None:
+    def __init__(self, mailbox: Mailbox, metrics: HubMetrics, limits: HubLimits) -> None:
         self.mailbox = mailbox
         self.metrics = metrics
         self.limits = limits

@@ -7,11 +7,13 @@ Each command takes an argparse Namespace, prints text and returns an exit code
 from __future__ import annotations
 
 import argparse
+import json
 import sqlite3
 import sys
 import time
 from typing import Any
 
+from engine.events.hash_cache_snapshot import HashCacheSnapshot
 from engine.events.render import render_snapshot
 from engine.store.runs import RunStore, StepOutOfRangeError, UnknownRunError
 from engine.store.transfer import export_run, import_run
@@ -39,7 +41,10 @@ def format_runs(runs: list[dict[str, Any]]) -> str:
     rows = [header]
     for r in runs:
         cfg = r["config"] or {}
-        pool = f"{cfg.get('num_blocks', '?')}x{cfg.get('block_size', '?')}"
+        if r.get("kind") == "attached":
+            pool = f"attached, {len(cfg.get('pods') or [])} pod(s)"
+        else:
+            pool = f"{cfg.get('num_blocks', '?')}x{cfg.get('block_size', '?')}"
         lost = (f"{r.get('lost_steps') or 0} steps, {r.get('lost_requests') or 0} reqs"
                 if r.get("lost_steps") or r.get("lost_requests") else "")
         rows.append((r["id"], _fmt_time(r["started_at"]), str(r["num_steps"]),
@@ -76,13 +81,60 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def replay_json(store: RunStore, run_id: str, step: int | None) -> dict[str, Any]:
+    """The state at ``step`` as one JSON object, for every kind of run:
+    ``{"run_id", "kind", "step", "first_step", "last_step", "metrics", "losses", ...}`` plus
+    ``"snapshot"`` (the ``PoolSnapshot``'s JSON) for an engine run, or ``"pods"``:
+    ``{pod: {"segment", "incomplete", "holes", "cached_blocks": [{"hash", "parent",
+    "num_tokens"}]}}`` (blocks in store order) for an attached run."""
+    run = store.get_run(run_id)
+    snap = store.snapshot_at(run_id, step)
+    lo, hi = store.step_range(run_id)
+    out: dict[str, Any] = {"run_id": run["id"], "kind": run["kind"], "label": run.get("label"),
+                           "step": snap.step, "first_step": lo, "last_step": hi,
+                           "metrics": store.metrics_at(run_id, snap.step) or {},
+                           "losses": [x.describe() for x in store.losses(run_id)]}
+    if isinstance(snap, HashCacheSnapshot):
+        out["pods"] = {name: {"segment": p.segment, "incomplete": p.incomplete,
+                              "holes": [h.describe() for h in p.holes],
+                              "cached_blocks": [{"hash": b.hash, "parent": b.parent,
+                                                 "num_tokens": b.num_tokens} for b in p.blocks]}
+                       for name, p in snap.pods.items()}
+    else:
+        out["snapshot"] = snap.to_dict()
+    return out
+
+
+def render_hash_cache(snap: HashCacheSnapshot, limit: int = 12) -> str:
+    """Per pod: cached blocks, holes, and the most recently stored blocks."""
+    lines = []
+    for name, p in snap.pods.items():
+        flag = " (INCOMPLETE: a hole in this segment)" if p.incomplete else ""
+        lines.append(f"pod {name}: {p.num_blocks} cached blocks of {p.block_size or '?'} tokens, "
+                     f"segment {p.segment}, {p.stored_blocks} stored / {p.removed_blocks} removed "
+                     f"so far{flag}")
+        for h in p.holes:
+            lines.append(f"  hole at step {h.step}: {h.describe()}")
+        for b in p.blocks[-limit:]:
+            lines.append(f"  {b.hash[:16]}  parent {(b.parent or '-')[:16]:16}  {b.num_tokens} tokens"
+                         f"  {b.medium or ''}")
+        if p.num_blocks > limit:
+            lines.append(f"  ... and {p.num_blocks - limit} more (--json lists them all)")
+    return "\n".join(lines) or "no pod has sent anything yet"
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
-    """Print the pool at step N of a run (default: its last step) as a block grid plus
-    every request's block table, rebuilt from the recorded events; and a note per
-    loss marker (past the first lost step the pool cannot be rebuilt: an error)."""
+    """Print the state at step N of a run (default: its last step): for an engine run the
+    pool as a block grid plus every request's block table, for an attached run each
+    pod's cached blocks, rebuilt from the recorded events; and a note per loss marker
+    (past the first lost step the state cannot be rebuilt: an error). With ``--json``,
+    the state as JSON (``replay_json``)."""
     store = RunStore(getattr(args, "db", None))
     step = getattr(args, "step", None)
     try:
+        if getattr(args, "json", False):
+            print(json.dumps(replay_json(store, args.run_id, step), indent=1))
+            return 0
         run = store.get_run(args.run_id)
         snap = store.snapshot_at(args.run_id, step)
         lo, hi = store.step_range(args.run_id)
@@ -92,12 +144,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"kvscope replay: error: {exc}", file=sys.stderr)
         return 1
     title = f"run {run['id']}" + (f" ({run['label']})" if run.get("label") else "")
-    print(f"{title} | model {run.get('model') or '-'} | step {snap.step} of {lo}..{hi}")
-    print(render_snapshot(snap, width=getattr(args, "width", None) or 32))
+    kind = " | attached" if isinstance(snap, HashCacheSnapshot) else ""
+    print(f"{title}{kind} | model {run.get('model') or '-'} | step {snap.step} of {lo}..{hi}")
+    if isinstance(snap, HashCacheSnapshot):
+        print("a hash-only stream: no block ids, ref counts or block tables")
+        print(render_hash_cache(snap))
+    else:
+        print(render_snapshot(snap, width=getattr(args, "width", None) or 32))
     shown = [f"{k} {_fmt_metric(metrics[k])}" for k in _METRICS_SHOWN if k in metrics]
     if shown:
         print("\nmetrics: " + " | ".join(shown))
-    for loss in losses:  # the pool shown is before the first of these (state_at refuses past it)
+    for loss in losses:  # the state shown is before the first of these (state_at refuses past it)
         print(f"\nnote: {loss.describe()}")
     return 0
 
@@ -115,9 +172,11 @@ def add_store_subcommands(subparsers: Any) -> None:
                    help="import an exported run (gets a new id)")
     p.set_defaults(func=cmd_runs)
 
-    p = subparsers.add_parser("replay", help="show the KV pool of a recorded run at a step")
+    p = subparsers.add_parser("replay", help="show the KV pool (or an attached run's cache) at a step")
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--step", type=int, default=None, help="engine step (default: the last)")
     p.add_argument("--width", type=int, default=32, help="blocks per grid row")
+    p.add_argument("--json", action="store_true",
+                   help="print the state as JSON: the snapshot, or per pod the cached blocks")
     p.add_argument("--db", help="runs database (default $KVSCOPE_DB or data/runs.sqlite)")
     p.set_defaults(func=cmd_replay)

@@ -2,7 +2,9 @@
 
 Tables (JSON columns hold ``json.dumps`` text):
 - ``runs``: id TEXT pk, started_at REAL (unix s), finished_at REAL|NULL, config JSON
-  (must hold ``num_blocks`` and ``block_size`` for replay), model TEXT, label TEXT.
+  (an engine run's must hold ``num_blocks`` and ``block_size`` for replay), model TEXT,
+  label TEXT, kind TEXT (``engine.events.run_kind``: ``engine`` | ``attached``; NULL in
+  databases from before kinds, read as ``engine``; added to such a table on open).
 - ``steps``: (run_id, seq) pk, step, ts REAL, events JSON (list of event dicts),
   metrics JSON — one ``StepRecord`` per row.
 - ``requests``: (run_id, request_id) pk, prompt TEXT, params/outputs/timings JSON, source
@@ -63,7 +65,9 @@ def ensure_schema(db: sqlite_utils.Database) -> None:
     """Create the tables and indexes if missing; switch to WAL."""
     db.enable_wal()
     db["runs"].create({"id": str, "started_at": float, "finished_at": float, "config": str,
-                       "model": str, "label": str}, pk="id", if_not_exists=True)
+                       "model": str, "label": str, "kind": str}, pk="id", if_not_exists=True)
+    if "kind" not in db["runs"].columns_dict:  # a database from before run kinds
+        db["runs"].add_column("kind", str)
     db["steps"].create({"run_id": str, "seq": int, "step": int, "ts": float, "events": str,
                         "metrics": str}, pk=("run_id", "seq"), if_not_exists=True)
     db["steps"].create_index(["run_id", "step"], if_not_exists=True)

@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Any
 
+from engine.events.run_kind import RunKind
 from engine.events.step import StepRecord
 from engine.store import db as dbm
 from engine.store.backlog import Backlog, Row
@@ -104,16 +105,21 @@ class Recorder:
     # ---- engine-side API (cheap, never raises on database trouble) ----------
 
     def start_run(self, config: dict[str, Any], model: str | None = None,
-                  label: str | None = None, run_id: str | None = None) -> str:
+                  label: str | None = None, run_id: str | None = None,
+                  kind: RunKind | str = RunKind.ENGINE) -> str:
         """Begin a run; returns its id at once (the row is written in the background).
 
-        ``config`` must be JSON-able and hold ``num_blocks`` and ``block_size``."""
-        for key in ("num_blocks", "block_size"):
-            if key not in config:
-                raise ValueError(f"run config needs {key!r} so the run can be replayed")
+        ``config`` must be JSON-able; an engine run's must hold ``num_blocks`` and
+        ``block_size``. ``kind``: what the run records (``engine.events.run_kind``)."""
+        kind = RunKind.of(kind)
+        if kind is RunKind.ENGINE:
+            for key in ("num_blocks", "block_size"):
+                if key not in config:
+                    raise ValueError(f"run config needs {key!r} so the run can be replayed")
         rid = run_id or dbm.new_run_id()
         self._put(("runs", {"id": rid, "started_at": time.time(), "finished_at": None,
-                            "config": dbm.dumps(config), "model": model, "label": label}))
+                            "config": dbm.dumps(config), "model": model, "label": label,
+                            "kind": kind.value}))
         self.run_id = rid
         return rid
 

@@ -14,6 +14,7 @@ import sqlite_utils
 
 from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.reducer import PoolState
+from engine.events.run_kind import AnySnapshot, AnyState, RunKind, empty_state
 from engine.events.step import StepRecord
 from engine.store import db as dbm
 from engine.store import loss as lossm
@@ -43,6 +44,7 @@ class StepsLostError(ValueError):
 def _run_row(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     out["config"] = dbm.loads(row.get("config"), {})
+    out["kind"] = RunKind.of(row.get("kind")).value  # NULL: recorded before kinds, an engine run
     return out
 
 
@@ -65,7 +67,7 @@ class RunStore:
     # ---- runs ------------------------------------------------------------------
 
     def list_runs(self) -> list[dict[str, Any]]:
-        """Every run, newest first: id, started_at, finished_at, model, label, config
+        """Every run, newest first: id, kind, started_at, finished_at, model, label, config
         (dict), num_steps, num_requests, lost_steps and lost_requests (see ``losses``)."""
         with self.db() as d:
             # A database that never lost a row has no losses table (the recorder makes it).
@@ -161,17 +163,16 @@ class RunStore:
 
     # ---- replay ----------------------------------------------------------------
 
-    def state_at(self, run_id: str, step: int | None = None) -> PoolState:
-        """The folded PoolState after ``step`` (default: the last recorded step).
+    def state_at(self, run_id: str, step: int | None = None) -> AnyState:
+        """The folded state after ``step`` (default: the last recorded step): a
+        ``PoolState`` for an engine run, a ``HashCacheState`` for an attached one.
 
         StepsLostError when steps at or before ``step`` were lost."""
         run = self.get_run(run_id)
-        cfg = run["config"]
         try:
-            num_blocks, block_size = int(cfg["num_blocks"]), int(cfg["block_size"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"run {run_id!r} config lacks num_blocks/block_size; "
-                             f"it cannot be replayed") from exc
+            state = empty_state(run["kind"], run["config"])
+        except ValueError as exc:
+            raise ValueError(f"run {run_id!r}: {exc}") from exc
         rng = self.step_range(run_id)
         if rng is None:
             raise StepOutOfRangeError(f"run {run_id!r} has no recorded steps")
@@ -181,18 +182,18 @@ class RunStore:
             raise StepOutOfRangeError(f"step {step} is out of range: run {run_id!r} has "
                                       f"steps {rng[0]}..{rng[1]}")
         gaps = [x for x in self.losses(run_id) if x.num_steps and x.first_step <= step]
-        if gaps:  # folding across missing events would rebuild a pool that never existed
+        if gaps:  # folding across missing events would rebuild a state that never existed
             first = gaps[0]
-            raise StepsLostError(f"run {run_id!r}: {first.describe()}; the pool can be rebuilt "
+            raise StepsLostError(f"run {run_id!r}: {first.describe()}; the state can be rebuilt "
                                  f"up to step {first.first_step - 1} only")
-        state = PoolState(num_blocks, block_size)
         for rec in self.load_steps(run_id, upto_step=step):
             state.apply_step(rec)
         state.step = step
         return state
 
-    def snapshot_at(self, run_id: str, step: int | None = None) -> PoolSnapshot:
-        """The pool snapshot after ``step``, rebuilt by replaying from the empty pool."""
+    def snapshot_at(self, run_id: str, step: int | None = None) -> AnySnapshot:
+        """The snapshot after ``step``, rebuilt by replaying from the empty state
+        (a ``PoolSnapshot``, or a ``HashCacheSnapshot`` for an attached run)."""
         return self.state_at(run_id, step).to_snapshot()
 
     def metrics_at(self, run_id: str, step: int) -> dict[str, Any] | None:

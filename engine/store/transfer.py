@@ -2,7 +2,8 @@
 
 Format (one JSON object per line, ``kind`` first):
 - ``{"kind": "run", "format": "kvscope-run", "version": 1, "id", "started_at",
-  "finished_at", "config": {...}, "model", "label"}`` — exactly one, first;
+  "finished_at", "config": {...}, "model", "label", "run_kind"}`` — exactly one, first
+  (``run_kind``: ``engine`` | ``attached``; absent in older exports: ``engine``);
 - ``{"kind": "step", "seq", "step", "ts", "events": [...], "metrics": {...}}`` in seq order;
 - ``{"kind": "request", "request_id", "prompt", "params", "outputs", "timings"}``;
 - ``{"kind": "loss", "first_seq", "last_seq", "first_step", "last_step", "num_steps",
@@ -16,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from engine.events.run_kind import RunKind
 from engine.events.step import StepRecord
 from engine.store import db as dbm
 from engine.store import loss as lossm
@@ -27,8 +29,9 @@ FORMAT, VERSION = "kvscope-run", 1
 
 def iter_export(store: RunStore, run_id: str) -> Iterable[dict[str, Any]]:
     """The run as export objects (see module docstring)."""
-    run = store.get_run(run_id)
-    yield {"kind": "run", "format": FORMAT, "version": VERSION, **run}
+    run = dict(store.get_run(run_id))
+    run_kind = run.pop("kind")  # "kind" names the line; the run's own kind travels apart
+    yield {"kind": "run", "format": FORMAT, "version": VERSION, **run, "run_kind": run_kind}
     for rec in store.load_steps(run_id):
         yield {"kind": "step", **rec.to_dict()}
     for req in store.load_requests(run_id):
@@ -82,7 +85,8 @@ def import_run(store: RunStore, src: str | Path | IO[str], label: str | None = N
             raise ValueError(f"unknown line kind {kind!r} in run export")
     run = {"id": new_id, "started_at": head.get("started_at"),
            "finished_at": head.get("finished_at"), "config": dbm.dumps(head.get("config") or {}),
-           "model": head.get("model"), "label": label if label is not None else head.get("label")}
+           "model": head.get("model"), "label": label if label is not None else head.get("label"),
+           "kind": RunKind.of(head.get("run_kind")).value}
     with store.db() as d, d.atomic():
         d["runs"].insert(run)
         if steps:

@@ -36,7 +36,7 @@ for m in pkgutil.walk_packages(dashboard.__path__, "dashboard."):
 from streamlit.testing.v1 import AppTest
 at = AppTest.from_file("dashboard/streamlit_app.py", default_timeout=60).run()
 assert not at.exception, at.exception
-for page in ("submit", "replay", "compare", "lessons", "engine_settings"):
+for page in ("submit", "replay", "attached", "compare", "lessons", "engine_settings"):
     at.switch_page(f"views/{page}.py").run()
     assert not at.exception, (page, at.exception)
 bad = [m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED)]

@@ -8,7 +8,7 @@ from engine.events.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, EVENT_TYPES,
     PrefixCacheReset, PrefixHit, PrefixLookup, RequestArrived, RequestFinished, RequestForked,
     RequestPreempted, RequestProgress, RequestScheduled, event_from_dict,
-    EvictionReason, ScheduledPhase,
+    EvictionReason, ScheduledPhase, KVAllCleared, KVBlockRemoved, KVBlockStored, KVGap, KVSegment,
 )
 from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.reducer import PoolState
@@ -34,6 +34,13 @@ EXAMPLES = [
     RequestProgress(1, "r", 5, 4, (9,)),
     RequestPreempted(2, "r"),
     RequestFinished(3, "r", "length"),
+    KVBlockStored(7, "pod-a", ("00000000000000a1", "00000000000000a2"), None, (1, 2, 3, 4), 2,
+                  1700000000.5, "GPU"),
+    KVBlockStored(8, "pod-a", ("ab" * 32,), "00000000000000a2", (5, 6), 2, 1700000001.0, None, "lora"),
+    KVBlockRemoved(9, "pod-a", ("00000000000000a1",), 1700000002.0, "GPU"),
+    KVAllCleared(10, "pod-b", 1700000003.0),
+    KVGap(11, "pod-a", 0, 4, 7, "not in the replay buffer"),
+    KVSegment(12, "pod-b", 1, 0, "restart"),
 ]
 
 

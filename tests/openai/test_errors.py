@@ -45,6 +45,11 @@ def test_bad_parameters_are_400_naming_the_parameter(client):
     err = _body(e.value)
     assert err["param"] == "top_k" and err["code"] == "invalid_value"
     assert f"vocabulary size ({vocab})" in err["message"]
+    # a chat of empty messages has nothing to generate from: the protocol's own refusal
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="llama", messages=[{"role": "user", "content": " "}])
+    err = _body(e.value)
+    assert err["code"] == "empty_prompt" and "empty" in err["message"]
     _still_serves(client)
 
 

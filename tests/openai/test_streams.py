@@ -73,13 +73,17 @@ def _state(ws: KVScopeClient) -> dict:
     return ws.snapshot().state.to_dict()
 
 
+LONG = 500  # tokens: seconds of tiny-model steps, so a loaded box cannot finish it before
+# the client is seen to go (with 55 it sometimes ran out by length first)
+
+
 def test_disconnect_mid_stream_aborts_and_frees_blocks(api_server, db_path):
-    server = api_server()
+    server = api_server(engine={"max_model_len": 512, "num_kv_blocks": 160})
     with KVScopeClient(server.url, timeout=30) as ws:
         assert not _state(ws)["requests"]
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
         conn.request("POST", "/v1/completions", json.dumps(
-            {"model": "llama", "prompt": "leave me", "max_tokens": 55, "temperature": 0,
+            {"model": "llama", "prompt": "leave me", "max_tokens": LONG, "temperature": 0,
              "stream": True, "ignore_eos": True}), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         rid = resp.getheader("x-kvscope-request-id")
@@ -101,7 +105,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(api_server, db_path):
                for e in events)
     (row,) = [r for r in RunStore(db_path).load_requests(run_id) if r["request_id"] == rid]
     assert row["source"] == "openai" and row["outputs"][0]["finish_reason"] == "abort"
-    assert len(row["outputs"][0]["token_ids"]) < 55
+    assert len(row["outputs"][0]["token_ids"]) < LONG
 
 
 def test_api_requests_go_through_the_same_engine_events_and_recording(api_server, db_path):
@@ -133,9 +137,9 @@ def test_api_requests_go_through_the_same_engine_events_and_recording(api_server
 
 
 def test_shutdown_ends_streams_with_abort(api_server):
-    server = api_server()
+    server = api_server(engine={"max_model_len": 512, "num_kv_blocks": 160})
     c = client_for(server)
-    stream = c.completions.create(model="llama", prompt="long one", max_tokens=55, temperature=0,
+    stream = c.completions.create(model="llama", prompt="long one", max_tokens=LONG, temperature=0,
                                   stream=True, extra_body=NO_EOS)
     first = next(iter(stream))
     assert first.choices[0].finish_reason is None

@@ -56,8 +56,12 @@ def test_stalled_reader_does_not_slow_others_and_stays_bounded(make_server):
         with_stalled = _run(busy, 12)
         # per request, the stalled subscriber costs nothing noticeable
         assert with_stalled / 12 < 3 * baseline / 4 + 0.5, (baseline, with_stalled)
-        (conn,) = [c for c in server.hub.conns.values() if c.outbox.dropped_steps]
-        assert conn.outbox.num_steps <= STEP_BUFFER and conn.outbox.max_steps_seen <= STEP_BUFFER
+        # The stalled connection drops steps (on a loaded box the busy client, which reads
+        # only while it generates, may drop some too); every outbox stays within its bound.
+        conn = max(server.hub.conns.values(), key=lambda c: c.outbox.dropped_steps)
+        assert conn.outbox.dropped_steps > 0
+        for c in server.hub.conns.values():
+            assert c.outbox.num_steps <= STEP_BUFFER and c.outbox.max_steps_seen <= STEP_BUFFER
         status, text = http_get(server.port, "/metrics")
         dropped = [line for line in text.splitlines()
                    if line.startswith("kvscope_ws_dropped_step_messages_total")]

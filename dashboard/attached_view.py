@@ -1,0 +1,275 @@
+"""The Attached view: a vLLM / SGLang / kvscope deployment's prefix cache, from its KV events.
+
+Shared by Live (connected to ``kvscope attach``), Replay (a stored attached run, same
+slider) and the Attached page. It says first what a hash-only stream cannot show,
+then per pod: headline figures, holes, and the tabs: the prefix tree, cached blocks
+over time, store/remove rates, block residency, the scraped hit rate and usage, the
+largest shared prefixes, the prompt box (longest cached prefix per pod) and the step's
+events. Tabs are lazy like the run view's: only the open one is computed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard.attached_frame import AttachedFrame, pod_series, rates, residency
+from dashboard.event_log import event_rows
+from dashboard.figures.attached import (
+    block_label, per_pod_lines, prefix_tree_figure, rates_figure, residency_figure,
+)
+from dashboard.panels import PLOT_CONFIG
+from engine.attach.prefix_match import detect_scheme, longest_prefix
+from engine.events.prefix_tree import PrefixTree
+
+TABS = ("Prefix tree", "Cached blocks", "Residency", "Hit rate & usage", "Shared prefixes",
+        "Prompt lookup", "Event log")
+RESIDENCY = (  # (ResidencyLog list, title, what an empty one means)
+    ("lifetime_s", "Block lifetime: stored → removed (s)",
+     "No block stored since the attach was removed yet."),
+    ("idle_before_evict_s", "Idle before eviction: last access → removed (s)",
+     "No eviction of a block seen stored yet."),
+    ("reuse_gap_s", "Reuse gap: time between certain reuses (s)",
+     "No certain reuse yet (a re-store, or a branch below a block)."),
+    ("recompute_gap_s", "Recomputed after eviction: removed → stored again (s)",
+     "No hash was stored again after its removal."),
+)
+CANNOT_SHOW = (
+    "**A hash-only stream.** The engine publishes which blocks are cached: chained block "
+    "hashes, parent links and token ids (`BlockStored` / `BlockRemoved` / `AllBlocksCleared`). "
+    "It does not publish physical block ids, ref counts, block tables, requests, partial "
+    "blocks, hits or the free queue, so there is **no block grid, no block tables and no "
+    "fragmentation view** here, and which request used which block is unknown. Usage, hit "
+    "rate, queue and TTFT come from the engine's own `/metrics`, scraped every second.")
+
+
+def _pct(v: Any) -> str:
+    return "–" if v is None or v != v else f"{100 * v:.1f}%"
+
+
+def _scraped(frame: AttachedFrame, pod: str) -> dict[str, Any]:
+    return ((frame.metrics or {}).get("scraped") or {}).get(pod) or {}
+
+
+def kpis(frame: AttachedFrame) -> None:
+    snap = frame.snapshot
+    st.caption(f"Step {frame.step} · {len(snap.pods)} pod(s) · {snap.num_cached_blocks} cached "
+               f"blocks in all · each step is one received batch (or a hole, a restart, a scrape)")
+    for name in frame.pods():
+        p = snap.pods[name]
+        m = _scraped(frame, name)
+        st.markdown(f"**Pod {name}** · blocks of {p.block_size or '?'} tokens · segment {p.segment}"
+                    + (f" · {p.unknown_removals} removals of blocks never seen stored"
+                       if p.unknown_removals else ""))
+        cols = st.columns(6)
+        cols[0].metric("cached blocks", p.num_blocks,
+                       help=f"blocks of {p.block_size or '?'} tokens the stream says are cached")
+        cols[1].metric("stored · removed", f"{p.stored_blocks} · {p.removed_blocks}",
+                       help="blocks stored and removed since the attach")
+        cols[2].metric("KV usage", _pct(m.get("kv_cache_usage")),
+                       help="scraped: vllm:kv_cache_usage_perc (or sglang:token_usage)")
+        cols[3].metric("hit rate", _pct(m.get("prefix_cache_hit_rate")),
+                       help="scraped: prefix-cache hits / queries since the attach (tokens)")
+        run, wait = m.get("num_requests_running"), m.get("num_requests_waiting")
+        cols[4].metric("run · wait", "–" if run is None else f"{run:.0f} · {wait or 0:.0f}",
+                       help="scraped: requests running · waiting")
+        ttft = m.get("ttft_p50_s")
+        cols[5].metric("TTFT p50", "–" if ttft is None else f"{ttft * 1000:.0f} ms",
+                       help="scraped: median time to first token since the attach")
+        if m.get("error"):
+            st.caption(f"{name}: the last scrape failed ({m['error']}); figures are from the one before.")
+        if p.incomplete:
+            st.warning(f"Pod **{name}** has a hole in its stream: its cache below may miss blocks "
+                       "stored or removed then. " + "; ".join(h.describe() for h in p.holes
+                                                              if h.segment == p.segment),
+                       icon=":material/warning:")
+
+
+def _tree_tab(frame: AttachedFrame) -> None:
+    snap = frame.snapshot
+    if not snap.pods:
+        st.info("No pod has sent a batch yet.")
+        return
+    pod = st.selectbox("Pod", frame.pods(), key=f"{frame.source}_tree_pod")
+    view = snap.pods[pod]
+    tree = PrefixTree(view)
+    st.plotly_chart(prefix_tree_figure(tree, frame.token_text, view.last_ts), config=PLOT_CONFIG,
+                    key=f"{frame.source}_tree")
+    rooted = sum(1 for r in tree.roots if tree.blocks[r].parent is None)
+    st.caption(f"{len(tree.blocks)} cached blocks in {len(tree.roots)} root(s): {rooted} start a "
+               f"prompt, {len(tree.roots) - rooted} hang below a block that is no longer cached "
+               "(evicted, or stored before the attach). Each box is one block, as wide as the "
+               "blocks cached below it, "
+               "labelled with its text" + ("" if frame.token_text else
+                                          " (token ids: start attach with --tokenizer for text)")
+               + "; colour is its age on the engine's clock. Click a box to zoom into its subtree.")
+
+
+def _residency_tab(frame: AttachedFrame) -> None:
+    cache = st.session_state.setdefault("_attached_residency", {})
+    recs = frame.shown_records
+    hit = cache.get(frame.source)
+    if hit is None or hit["key"] != (frame.key, len(recs)):
+        hit = cache[frame.source] = {"key": (frame.key, len(recs)), "log": residency(recs)}
+    log = hit["log"]
+    pods = frame.pods()
+    cols = st.columns(2) + st.columns(2)
+    for col, (name, title, empty) in zip(cols, RESIDENCY):
+        col.plotly_chart(residency_figure({p: log.values(name, p) for p in pods}, title, empty),
+                         config=PLOT_CONFIG, key=f"{frame.source}_{name}")
+    st.caption("Computed from the events, on the engine's clock. An access is a store of the "
+               "block or of a chain below it; a certain reuse is a store of it again while cached "
+               "(vLLM's kv_cache_report_mode \"full\") or a second chain branching below it. Hits "
+               "that store nothing new are invisible in the stream, so idle times are upper bounds "
+               "and reuse a lower bound.")
+
+
+def _shared_tab(frame: AttachedFrame) -> None:
+    rows = []
+    for name in frame.pods():
+        for sp in PrefixTree(frame.snapshot.pods[name]).shared_prefixes(limit=10):
+            text = (frame.token_text(list(sp.token_ids)) if frame.token_text
+                    else " ".join(map(str, sp.token_ids[:24])))
+            rows.append({"pod": name, "prefix": text[:160] + ("…" if len(text) > 160 else ""),
+                         "tokens": sp.num_tokens, "continuations": sp.continuations,
+                         "blocks below": sp.blocks_below, "tokens shared": sp.tokens_shared,
+                         "from the prompt start": sp.rooted, "branch block": sp.hash[:16]})
+    if not rows:
+        st.info("No shared prefix yet: a prefix is shared once two different continuations are "
+                "cached after it.")
+        return
+    df = pd.DataFrame(rows).sort_values("tokens shared", ascending=False)
+    st.dataframe(df, hide_index=True, width="stretch")
+    st.caption("A branch point is a cached block with two or more cached children; "
+               "'tokens shared' = (continuations − 1) × prefix tokens: what those continuations "
+               "did not each compute.")
+
+
+def _prompt_ids(frame: AttachedFrame) -> list[int] | None:
+    with st.form(f"{frame.source}_prompt_form", border=False):
+        text = st.text_area("Prompt", key=f"{frame.source}_prompt", height=100,
+                            placeholder="Paste a prompt (or a JSON list of token ids)")
+        special = st.checkbox("add special tokens (BOS), as the completions API does", value=True,
+                              key=f"{frame.source}_special")
+        if not st.form_submit_button("Look up"):
+            return None
+    text = text.strip()
+    if not text:
+        return None
+    if text.startswith("["):
+        try:
+            ids = json.loads(text)
+        except ValueError as exc:
+            st.error(f"Not a JSON list of token ids: {exc}")
+            return None
+        if not (isinstance(ids, list) and all(isinstance(t, int) and t >= 0 for t in ids)):
+            st.error("A token id list holds non-negative integers only.")
+            return None
+        return ids
+    if not frame.tokenizer_file:
+        st.error("No tokenizer: start `kvscope attach` with `--tokenizer PATH` (a tokenizer.json "
+                 "or a model directory), or paste token ids as a JSON list.")
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(frame.tokenizer_file).encode(text, add_special_tokens=special).ids
+
+
+def _lookup_tab(frame: AttachedFrame) -> None:
+    st.caption("What a KV-cache-aware router computes: the prompt's longest run of leading full "
+               "blocks each pod has cached. Where kvscope can reproduce the engine's block hashes "
+               "(kvscope's own publisher) it chain-hashes the prompt and matches by hash; "
+               "elsewhere (vLLM seeds its hashes per process, llm-d recomputes its own) it walks "
+               "the tree by the token ids BlockStored carries.")
+    ids = _prompt_ids(frame)
+    if ids is None:
+        return
+    rows = []
+    best = None
+    for name in frame.pods():
+        view = frame.snapshot.pods[name]
+        scheme = detect_scheme(view)
+        m = longest_prefix(view, ids, scheme)
+        rows.append({"pod": name, "matched by": m.method, "cached blocks": m.num_blocks,
+                     "cached tokens": m.num_tokens, "hit if sent now": m.hit_tokens,
+                     "prompt tokens": len(ids), "block size": view.block_size})
+        if best is None or m.num_tokens > best[1].num_tokens:
+            best = (name, m)
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    st.caption("'hit if sent now' leaves out the last prompt token: the engine recomputes it for "
+               "its logits, so a prompt of whole cached blocks hits one block less.")
+    if best is not None and best[1].num_blocks and frame.token_text:
+        cached = ids[:best[1].num_tokens]
+        st.markdown(f"Cached on **{best[0]}**: `{block_label(tuple(cached), frame.token_text, 400)}`")
+
+
+def render_attached_view(frame: AttachedFrame, marker: int | None = None) -> None:
+    """Headline figures, the hash-only caveat, and the lazy tabs."""
+    st.info(CANNOT_SHOW, icon=":material/info:")
+    kpis(frame)
+    tabs = st.tabs(TABS, key=f"{frame.source}_attached_tabs", on_change="rerun")
+    panels = dict(zip(TABS, tabs))
+
+    def is_open(name: str) -> bool:
+        return panels[name].open is not False
+
+    series = None
+
+    def get_series():
+        nonlocal series
+        if series is None:
+            series = pod_series(frame.shown_records if frame.source == "live" else frame.records)
+        return series
+
+    with panels["Prefix tree"]:
+        if is_open("Prefix tree"):
+            _tree_tab(frame)
+    with panels["Cached blocks"]:
+        if is_open("Cached blocks"):
+            df = get_series()
+            st.plotly_chart(per_pod_lines(df, "cached_blocks", "Cached blocks per pod", "blocks",
+                                          marker=marker), config=PLOT_CONFIG,
+                            key=f"{frame.source}_cached")
+            shown = df[df["step"] <= frame.step] if marker is not None else df
+            st.plotly_chart(rates_figure(rates(shown)), config=PLOT_CONFIG,
+                            key=f"{frame.source}_rates")
+    with panels["Residency"]:
+        if is_open("Residency"):
+            _residency_tab(frame)
+    with panels["Hit rate & usage"]:
+        if is_open("Hit rate & usage"):
+            df = get_series()
+            none = "No scraped figures: start attach with --metrics http://HOST:PORT/metrics."
+            left, right = st.columns(2)
+            left.plotly_chart(per_pod_lines(df, "prefix_cache_hit_rate", "Prefix-cache hit rate "
+                                            "since the attach (scraped, %)", "hit rate (%)",
+                                            percent=True, marker=marker, empty=none),
+                              config=PLOT_CONFIG, key=f"{frame.source}_hitrate")
+            right.plotly_chart(per_pod_lines(df, "kv_cache_usage", "KV cache usage (scraped, %)",
+                                             "usage (%)", percent=True, marker=marker, empty=none),
+                               config=PLOT_CONFIG, key=f"{frame.source}_usage")
+            left, right = st.columns(2)
+            left.plotly_chart(per_pod_lines(df, "num_requests_waiting", "Requests waiting (scraped)",
+                                            "requests", marker=marker, empty=none),
+                              config=PLOT_CONFIG, key=f"{frame.source}_waiting")
+            right.plotly_chart(per_pod_lines(df, "ttft_p50_s", "TTFT median since the attach "
+                                             "(scraped, s)", "seconds", marker=marker, empty=none),
+                               config=PLOT_CONFIG, key=f"{frame.source}_ttft")
+    with panels["Shared prefixes"]:
+        if is_open("Shared prefixes"):
+            _shared_tab(frame)
+    with panels["Prompt lookup"]:
+        if is_open("Prompt lookup"):
+            _lookup_tab(frame)
+    with panels["Event log"]:
+        if is_open("Event log"):
+            rows = event_rows(frame.events)
+            st.caption(f"Events of step {frame.step}, as the batch carried them.")
+            if rows:
+                st.dataframe(pd.DataFrame(rows).drop(columns=["request"]), hide_index=True,
+                             width="stretch", height=min(420, 40 + 35 * len(rows)))
+            else:
+                st.info("This step carried no events (a scrape of the engine's metrics).")

@@ -1,0 +1,113 @@
+"""``kvscope attach``: watch a vLLM / SGLang / kvscope deployment's KV cache.
+
+    kvscope attach --kv-events tcp://10.0.0.5:5557 --replay tcp://10.0.0.5:5558 \\
+                   --metrics http://10.0.0.5:8000/metrics --pod pod-a \\
+                   --kv-events tcp://10.0.0.6:5557 --pod pod-b --tokenizer ./Llama-3.1-8B
+
+Each ``--kv-events`` starts a pod; the ``--replay``, ``--topic``, ``--metrics`` and
+``--pod`` after it belong to that pod. Then the dashboard:
+``KVSCOPE_URL=ws://127.0.0.1:8766 streamlit run dashboard``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+POD_KEYS = {"replay": "--replay", "topic": "--topic", "metrics": "--metrics", "pod": "--pod"}
+
+
+class _NewPod(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        pods = list(getattr(namespace, "pods", None) or [])
+        pods.append({"endpoint": values})
+        namespace.pods = pods
+
+
+class _PodOption(argparse.Action):
+    """Sets one key of the pod the latest ``--kv-events`` started."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        pods = getattr(namespace, "pods", None) or []
+        if not pods:
+            parser.error(f"{option_string} belongs to a pod: give it after that pod's --kv-events")
+        if self.dest in pods[-1]:
+            parser.error(f"{option_string} given twice for the pod of --kv-events {pods[-1]['endpoint']} "
+                         f"(start another pod with another --kv-events)")
+        pods[-1][self.dest] = values
+
+
+def add_attach_subcommands(sub: Any) -> None:
+    from engine.attach.server import DEFAULT_PORT
+
+    p = sub.add_parser("attach", help="watch a vLLM/SGLang deployment's KV cache events as a kvscope run",
+                       description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    g = p.add_argument_group("pods (repeat --kv-events per pod; options after it are that pod's)")
+    g.add_argument("--kv-events", action=_NewPod, dest="pods", metavar="ENDPOINT", required=True,
+                   help="the pod's KV event PUB endpoint, e.g. tcp://HOST:5557 (a tcp://*:PORT "
+                        "endpoint is bound instead, for pods that connect out)")
+    g.add_argument("--replay", action=_PodOption, metavar="ENDPOINT",
+                   help="the pod's replay endpoint (its replay_endpoint), e.g. tcp://HOST:5558: fills gaps")
+    g.add_argument("--topic", action=_PodOption, metavar="T", help="subscribe to this topic prefix only")
+    g.add_argument("--metrics", action=_PodOption, metavar="URL",
+                   help="the pod's Prometheus endpoint, scraped every second, e.g. http://HOST:8000/metrics")
+    g.add_argument("--pod", action=_PodOption, metavar="NAME", help="the pod's name (default HOST:PORT)")
+    p.add_argument("--tokenizer", metavar="PATH", default=None,
+                   help="tokenizer.json or a local model directory: block text and the prompt box")
+    p.add_argument("--label", default=None, help="label of the recorded run")
+    p.add_argument("--host", default="127.0.0.1", help="where the dashboard connects (default loopback)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"websocket port (default {DEFAULT_PORT})")
+    p.add_argument("--db", default=None, help="runs database (default $KVSCOPE_DB or data/runs.sqlite)")
+    p.add_argument("--no-record", dest="record", action="store_false", help="serve live only")
+    p.add_argument("--allow-remote", action="store_true", help="allow binding beyond loopback")
+    p.add_argument("--scrape-interval", type=float, default=1.0, metavar="S",
+                   help="seconds between /metrics scrapes (default 1)")
+    p.set_defaults(func=cmd_attach)
+
+
+def options_from_args(args: argparse.Namespace) -> Any:
+    """AttachOptions from parsed arguments; ConfigError / BindRefused when refused."""
+    from engine.attach.pod_source import PodSource, default_pod_name
+    from engine.attach.server import AttachOptions
+    from engine.attach.tokenizer_file import resolve_tokenizer_file
+    from engine.protocol.handshake import TOKEN_ENV
+
+    pods = tuple(PodSource(d.get("pod") or default_pod_name(d["endpoint"]), d["endpoint"],
+                           d.get("replay"), d.get("topic") or "", d.get("metrics"))
+                 for d in args.pods)
+    tokenizer = resolve_tokenizer_file(args.tokenizer) if args.tokenizer else None
+    return AttachOptions(pods, host=args.host, port=args.port, db=args.db, record=args.record,
+                         label=args.label, allow_remote=args.allow_remote,
+                         token=os.environ.get(TOKEN_ENV) or None, tokenizer_file=tokenizer,
+                         scrape_interval_s=args.scrape_interval)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from engine.attach.server import AttachServer
+    from engine.core.errors import ConfigError
+    from engine.server.security import BindRefused
+
+    if not args.verbose:
+        logging.getLogger("websockets").setLevel(logging.WARNING)
+    try:
+        opts = options_from_args(args)
+    except (ConfigError, BindRefused, ValueError) as exc:
+        print(f"kvscope attach: {exc}", file=sys.stderr)
+        return 2
+    server = AttachServer(opts)
+
+    def announce() -> None:
+        pods = ", ".join(f"{p.pod} <- {p.endpoint}" for p in opts.pods)
+        print(f"kvscope: attached ({pods}); serving {server.url} (run {server.run_id}); "
+              f"dashboard: KVSCOPE_URL={server.url} streamlit run dashboard", flush=True)
+
+    server.on_bound = announce
+    try:
+        return server.serve_forever()
+    except OSError as exc:
+        print(f"kvscope attach: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,63 @@
+"""PodSource: where one pod of a deployment publishes, as ``kvscope attach`` was told.
+
+``endpoint`` is the pod's KV event PUB socket (``--kv-events``); attach connects to
+it, or binds it when it is a wildcard (``tcp://*:PORT``, ``tcp://[::]:PORT``): then the
+pods connect out to attach, as to llm-d's router (``subscriber_binds``). ``replay`` is its replay ROUTER (``replay_endpoint``
+in the pod's ``--kv-events-config``), ``topic`` the prefix to subscribe to,
+``metrics`` its Prometheus URL. ``pod`` names it in the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from engine.core.errors import ConfigError
+
+ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+@dataclass(frozen=True, slots=True)
+class PodSource:
+    pod: str
+    endpoint: str
+    replay: str | None = None
+    topic: str = ""
+    metrics: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pod, str) or not self.pod.strip() or len(self.pod) > 128:
+            raise ConfigError(f"a pod name is 1..128 characters, got {self.pod!r}")
+        for name in ("endpoint", "replay"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, str) and v.startswith(ZMQ_SCHEMES)
+                                      and len(v) > len("tcp://")):
+                raise ConfigError(f"pod {self.pod!r}: --{'kv-events' if name == 'endpoint' else name} "
+                                  f"must be a ZMQ endpoint such as tcp://HOST:5557, got {v!r}")
+        if self.metrics is not None:
+            parts = urlsplit(self.metrics)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError(f"pod {self.pod!r}: --metrics must be an http(s) URL such as "
+                                  f"http://HOST:8000/metrics, got {self.metrics!r}")
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"pod": self.pod, "endpoint": self.endpoint, "replay": self.replay,
+                "topic": self.topic, "metrics": self.metrics}
+
+
+def subscriber_binds(endpoint: str) -> bool:
+    """Whether the subscriber binds ``endpoint``: the mirror of vLLM's publisher rule.
+
+    A publisher binds wildcards, ipc and inproc, and connects to anything else. So an
+    ipc or a concrete tcp address is the publisher's: connect to it. A wildcard is an
+    address to listen on: bind it, and let publishers configured with this host's
+    address connect."""
+    return "*" in endpoint or "::" in endpoint
+
+
+def default_pod_name(endpoint: str) -> str:
+    """``tcp://10.0.0.5:5557`` → ``10.0.0.5:5557``: what a pod is called without ``--pod``."""
+    for scheme in ZMQ_SCHEMES:
+        if endpoint.startswith(scheme):
+            return endpoint[len(scheme):]
+    return endpoint

@@ -1,0 +1,204 @@
+"""PodSubscription: one pod's KV event stream, complete where it can be, marked where not.
+
+A thread owns a ZMQ SUB socket (connected to the pod's PUB, or bound when the
+endpoint is a wildcard: ``pod_source.subscriber_binds``) and turns what arrives into stream items
+(``engine.attach.stream_items``) on the worker's queue, in order:
+
+- each batch is decoded with ``engine.kv_events.decoder`` (both event encodings);
+- ``SeqTracker`` classifies its seq. Batches that are missing (a gap, the ones
+  before the first batch seen, the start of a restarted segment) are asked of the
+  pod's replay ROUTER with a fresh DEALER socket (a REQ socket would read only the
+  first reply), which answers in either layout (``[seq, payload]`` or
+  ``[topic, seq, payload]``); what replay cannot return becomes a ``Hole``;
+- on start, and after ``QUIET_S`` without a batch, replay is asked from the next
+  expected seq: it returns the history a late joiner missed, and batches lost at
+  the tail, which no later batch would reveal;
+- a batch that cannot be decoded is a one-batch ``Hole`` with the reason; a message
+  that is not the protocol at all (no seq) is counted and logged.
+
+``stop()`` ends the thread after it has handed over everything the socket already
+received. Writer: this thread (sockets, tracker, counters).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import zmq
+
+from engine.attach.pod_source import PodSource, subscriber_binds
+from engine.attach.seq_tracker import SeqTracker, Verdict
+from engine.attach.stream_items import Hole, NewSegment, Received, StreamItem
+from engine.kv_events.decoder import Frame, KVEventsDecodeError, decode_batch, parse_live
+from engine.kv_events.replay import fetch_replay
+
+log = logging.getLogger("kvscope.attach")
+
+POLL_MS = 100  # how often the thread looks at its stop flag
+QUIET_S = 2.0  # no batch for this long: ask replay for anything after the last one
+REPLAY_TIMEOUT_S = 3.0
+RCVHWM = 1_000_000  # batches ZMQ may queue for us before it drops (we then replay the gap)
+
+
+class PodSubscription(threading.Thread):
+    def __init__(self, source: PodSource, out: queue.Queue[StreamItem],
+                 context: zmq.Context | None = None) -> None:
+        super().__init__(name=f"kvscope-attach-{source.pod}", daemon=True)
+        self.source = source
+        self.out = out
+        self.ctx = context or zmq.Context.instance()
+        self.tracker = SeqTracker()
+        self._stopping = threading.Event()
+        self.caught_up = threading.Event()  # set once the first replay (the history) is handed over
+        self.error: BaseException | None = None
+        # counters (this thread writes them; others read single attributes)
+        self.received = 0
+        self.replayed = 0
+        self.duplicates = 0
+        self.bad_messages = 0
+        self.replay_failures = 0
+        self._last_batch = time.monotonic()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.RCVHWM, RCVHWM)
+        self.sub.setsockopt(zmq.SUBSCRIBE, source.topic.encode("utf-8"))
+        self.sub.linger = 0
+        try:
+            if subscriber_binds(source.endpoint):
+                self.sub.bind(source.endpoint)
+            else:
+                self.sub.connect(source.endpoint)
+        except zmq.ZMQError as exc:
+            self.sub.close(0)
+            raise OSError(f"pod {source.pod!r}: cannot open {source.endpoint}: {exc}") from None
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    # ---- the thread ------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            if self.source.replay is not None:
+                self._ask_replay(0)  # what the pod published before we came
+            self.caught_up.set()
+            while not self._stopping.is_set():
+                if self.sub.poll(POLL_MS):
+                    self._drain()
+                elif (self.source.replay is not None and self.tracker.next_seq is not None
+                      and time.monotonic() - self._last_batch > QUIET_S):
+                    self._ask_replay(self.tracker.next_seq)
+                    self._last_batch = time.monotonic()
+            self._drain()  # what the socket already holds is handed over, not dropped
+        except BaseException as exc:  # reported by the worker; never a silent death
+            self.error = exc
+            log.exception("kvscope attach: the subscription of pod %s failed", self.source.pod)
+        finally:
+            self.caught_up.set()
+            self.sub.close(0)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                frames = self.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                frame = parse_live(frames)
+            except KVEventsDecodeError as exc:
+                self.bad_messages += 1
+                if self.bad_messages in (1, 10, 100, 1000):
+                    log.warning("kvscope attach: pod %s sent a message that is not a KV event "
+                                "batch (%s); %d so far", self.source.pod, exc, self.bad_messages)
+                continue
+            self._last_batch = time.monotonic()
+            self._on_frame(frame, replayed=False)
+
+    def _on_frame(self, frame: Frame, replayed: bool) -> None:
+        d = self.tracker.classify(frame.seq, frame.payload)
+        if d.verdict is Verdict.DUPLICATE:
+            self.duplicates += 1
+            return
+        if d.verdict in (Verdict.FIRST, Verdict.RESTART):
+            segment = self.tracker.start_segment()
+            reason = "attach" if d.verdict is Verdict.FIRST else "restart"
+            self._put(NewSegment(self.source.pod, segment, 0 if d.missing else frame.seq, reason))
+            if reason == "restart":
+                log.warning("kvscope attach: pod %s restarted (seq went back to %d): segment %d",
+                            self.source.pod, frame.seq, segment)
+        if d.missing:
+            self._fill(d.missing, before=frame, first=d.verdict is Verdict.FIRST)
+        self._apply(frame, replayed)
+
+    def _apply(self, frame: Frame, replayed: bool) -> None:
+        self.tracker.accept(frame.seq, frame.payload)
+        seg = self.tracker.segment
+        try:
+            batch = decode_batch(frame.payload)
+        except KVEventsDecodeError as exc:
+            self._put(Hole(self.source.pod, seg, frame.seq, frame.seq, f"undecodable: {exc}"))
+            return
+        self.received += 1
+        self.replayed += replayed
+        self._put(Received(self.source.pod, seg, frame.seq, batch, replayed))
+
+    # ---- replay -------------------------------------------------------------------------
+
+    def _fill(self, missing: range, before: Frame, first: bool) -> None:
+        """Ask replay for ``missing`` (the seqs right before ``before``); mark the rest."""
+        got: dict[int, Frame] = {}
+        reason = "no replay endpoint"
+        if self.source.replay is not None:
+            frames = self._fetch(missing.start)
+            if frames is None:
+                reason = "replay did not answer"
+            else:
+                got = {f.seq: f for f in frames if f.seq in missing}
+                reason = ("published before the attach and no longer in the replay buffer" if first
+                          else "not in the replay buffer")
+        elif first:
+            reason = "published before the attach (no replay endpoint)"
+        run_start = None
+        for seq in missing:
+            f = got.get(seq)
+            if f is None:
+                run_start = seq if run_start is None else run_start
+                continue
+            if run_start is not None:
+                self._hole(range(run_start, seq), reason)
+                run_start = None
+            self._apply(f, replayed=True)
+        if run_start is not None:
+            self._hole(range(run_start, missing.stop), reason)
+
+    def _hole(self, seqs: range, reason: str) -> None:
+        self.tracker.skip(seqs)
+        self._put(Hole(self.source.pod, self.tracker.segment, seqs.start, seqs.stop - 1, reason))
+
+    def _ask_replay(self, start: int) -> None:
+        """Replay from ``start`` and take every batch it returns as if it arrived live."""
+        frames = self._fetch(start)
+        for f in frames or ():
+            self._on_frame(f, replayed=True)
+
+    def _fetch(self, start: int) -> list[Frame] | None:
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.linger = 0
+        try:
+            dealer.connect(self.source.replay)
+            return fetch_replay(dealer, start, REPLAY_TIMEOUT_S)
+        except (TimeoutError, KVEventsDecodeError, zmq.ZMQError) as exc:
+            self.replay_failures += 1
+            if self.replay_failures in (1, 10, 100):
+                log.warning("kvscope attach: replay of pod %s from seq %d failed: %s",
+                            self.source.pod, start, exc)
+            return None
+        finally:
+            dealer.close(0)
+
+    def _put(self, item: StreamItem) -> None:
+        # Blocking: a slow worker holds us here and ZMQ queues (then drops, which we
+        # replay). The worker drains this queue until every subscription has ended.
+        self.out.put(item)

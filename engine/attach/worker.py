@@ -1,0 +1,253 @@
+"""AttachWorker: the thread that turns a deployment's KV event streams into one run.
+
+It plays the engine thread's part for the hub (``engine.server``): it takes the
+pods' stream items (``engine.attach.stream_items``) and the hub's letters, and
+answers with deliveries. Each item becomes one step, in arrival order:
+
+- a ``Received`` batch → its ``kv_block_stored`` / ``kv_block_removed`` /
+  ``kv_all_cleared`` events (``engine.attach.translate``);
+- a ``Hole`` → a ``kv_gap``; a ``NewSegment`` → a ``kv_segment``;
+- when no step was made for ``SCRAPE_STEP_S`` and a pod's scrape is new, a step
+  without events carries it (an idle deployment's gauges still move).
+
+Every step's metrics hold the batch's origin (pod, source seq, segment, replayed,
+source ts), each pod's cached / stored / removed block counts and holes, and each
+pod's latest scraped figures (``scraped``). Steps are folded by the hash-only reducer
+(``HashCacheState``), recorded (run kind ``attached``) and published. The hub's ops
+that would change an engine (submit, abort, reset, restart) are refused: the engine
+is someone else's.
+
+Shutdown (``Shutdown`` letter, sent once every subscription has ended): every item
+still queued is made a step, then the run is finished. Nothing received is lost.
+
+Writer of: the folded state, the run in the recorder, the health board.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from engine.attach.pod_source import PodSource
+from engine.attach.stream_items import Hole, NewSegment, Received, StreamItem
+from engine.attach.translate import translate
+from engine.events.hash_cache_state import HashCacheState
+from engine.events.run_kind import RunKind
+from engine.events.step import StepRecord
+from engine.events.types import PROTOCOL_VERSION, Event, KVGap, KVSegment
+from engine.protocol.errors import ErrorCode
+from engine.protocol.messages import Error, Hello, Snapshot
+from engine.protocol.ops import TakeSnapshot
+from engine.server.health import Health, HealthBoard, Status
+from engine.server.mailbox import Attach, Delivery, Detach, Letter, Mailbox, NewRun, Reply, Shutdown, StepOut
+from engine.store.db import new_run_id
+
+log = logging.getLogger("kvscope.attach")
+
+Post = Callable[[list[Delivery]], None]
+SCRAPE_STEP_S = 1.0  # an idle deployment's scraped figures become a step this often
+MAX_ITEMS_PER_ITERATION = 512  # under a flood of batches, still answer letters between
+
+
+class AttachWorker(threading.Thread):
+    def __init__(self, pods: Sequence[PodSource], items: queue.Queue[StreamItem], post: Post,
+                 mailbox: Mailbox, board: HealthBoard, config: dict[str, Any],
+                 recorder: Any = None, label: str | None = None,
+                 scrapers: dict[str, Any] | None = None, limits: dict[str, Any] | None = None) -> None:
+        super().__init__(name="kvscope-attach-worker", daemon=True)
+        self.pods = list(pods)
+        self.items = items
+        self.post = post
+        self.mailbox = mailbox
+        self.board = board
+        self.config = dict(config)
+        self.recorder = recorder
+        self.label = label
+        self.scrapers = dict(scrapers or {})
+        self.limits = dict(limits or {})
+        self.state = HashCacheState()
+        self.run_id: str | None = None
+        self.num_steps = 0
+        self.counts: dict[str, dict[str, int]] = {}  # per pod, swapped whole (read by /metrics)
+        self._last_seq = -1
+        self._last_metrics: dict[str, Any] = {}
+        self._out: list[Delivery] = []
+        self._want_snapshot: list[Letter] = []
+        self._scrape_versions: dict[str, int] = {}
+        self._last_step_at = time.monotonic()
+        self.finished = threading.Event()
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    def run(self) -> None:
+        self._install()
+        try:
+            self._serve()
+        except BaseException:
+            log.exception("kvscope attach: the worker thread crashed")
+            self.board.set(Health(Status.ERROR, "the attach worker crashed; see the log"))
+            self._finish_run()
+            raise
+        finally:
+            self.finished.set()
+
+    def _install(self) -> None:
+        if self.recorder is not None:
+            self.run_id = self.recorder.start_run(self.config, model=self.config.get("model_name"),
+                                                  label=self.label, kind=RunKind.ATTACHED)
+        else:
+            self.run_id = new_run_id()
+        self._out.append(NewRun(self._hello(), Snapshot(-1, self.state.to_snapshot(), {})))
+        self.board.set(Health(Status.READY, self._detail(), self.run_id,
+                              self.config.get("model_name"), self.config))
+        self._flush()
+        log.info("kvscope attach: run %s, %d pod(s): %s", self.run_id, len(self.pods),
+                 ", ".join(f"{p.pod} ({p.endpoint})" for p in self.pods))
+
+    def _detail(self) -> str:
+        return f"attached to {len(self.pods)} pod(s): " + ", ".join(p.pod for p in self.pods)
+
+    def _finish_run(self) -> None:
+        if self.recorder is not None:
+            self.recorder.finish(self.run_id)
+
+    def _hello(self) -> Hello:
+        return Hello(PROTOCOL_VERSION, self.run_id, self.config, self.limits)
+
+    # ---- main loop ------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            for letter in self.mailbox.take(False, 256):
+                if isinstance(letter.command, Shutdown):
+                    self._shutdown()
+                    return
+                self._execute(letter)
+            self._take_items(timeout=0.05)
+            self._scrape_step()
+            self._answer_snapshots()
+            self._flush()
+
+    def _take_items(self, timeout: float | None, limit: int = MAX_ITEMS_PER_ITERATION) -> int:
+        n = 0
+        try:
+            item = self.items.get(timeout=timeout) if timeout else self.items.get_nowait()
+            while True:
+                self._on_item(item)
+                n += 1
+                if n >= limit:
+                    break
+                item = self.items.get_nowait()
+        except queue.Empty:
+            pass
+        return n
+
+    def _flush(self) -> None:
+        if self._out:
+            batch, self._out = self._out, []
+            self.post(batch)
+
+    # ---- items → steps ---------------------------------------------------------------
+
+    def _on_item(self, item: StreamItem) -> None:
+        step = self._last_seq + 1
+        origin: dict[str, Any] = {"pod": item.pod, "segment": item.segment}
+        if isinstance(item, Received):
+            b = item.batch
+            origin.update(source_seq=item.seq, replayed=item.replayed, source_ts=b.ts,
+                          dp_rank=b.data_parallel_rank)
+            try:
+                tr = translate(b, item.pod, step)
+                events: list[Event] = tr.events
+                if tr.unknown:
+                    origin["unknown_events"] = list(tr.unknown)
+            except ValueError as exc:  # decodable, but contradicts itself: a hole, marked
+                events = [KVGap(step, item.pod, item.segment, item.seq, item.seq, f"undecodable: {exc}")]
+        elif isinstance(item, Hole):
+            origin.update(source_seq=item.first_seq)
+            events = [KVGap(step, item.pod, item.segment, item.first_seq, item.last_seq, item.reason)]
+            log.warning("kvscope attach: pod %s: batches %d..%d of segment %d are lost (%s)",
+                        item.pod, item.first_seq, item.last_seq, item.segment, item.reason)
+        elif isinstance(item, NewSegment):
+            origin.update(source_seq=item.first_seq)
+            events = [KVSegment(step, item.pod, item.segment, item.first_seq, item.reason)]
+        else:
+            raise TypeError(f"unknown stream item {item!r}")
+        self._make_step(events, origin)
+
+    def _scrape_step(self) -> None:
+        if not self.scrapers or time.monotonic() - self._last_step_at < SCRAPE_STEP_S:
+            return
+        if any(s.version != self._scrape_versions.get(pod) for pod, s in self.scrapers.items()):
+            self._make_step([], {"pod": None})
+
+    def _make_step(self, events: list[Event], origin: dict[str, Any]) -> None:
+        seq = self._last_seq + 1
+        self.state.apply_events(events)
+        self.state.step = seq
+        metrics = dict(origin)
+        metrics.update(self._pod_figures())
+        record = StepRecord(seq, seq, time.time(), events, metrics)
+        if self.recorder is not None:
+            self.recorder.record_step(record, self.run_id)
+        self._last_seq, self._last_metrics = seq, metrics
+        self._out.append(StepOut(self.run_id, record))
+        self.num_steps += 1
+        self._last_step_at = time.monotonic()
+
+    def _pod_figures(self) -> dict[str, Any]:
+        counts = {}
+        for name, p in self.state.pods.items():
+            counts[name] = {"cached_blocks": len(p.blocks), "stored_blocks": p.stored_blocks,
+                            "removed_blocks": p.removed_blocks, "holes": len(p.holes),
+                            "unknown_removals": p.unknown_removals, "segment": p.segment}
+        self.counts = counts
+        out: dict[str, Any] = {key: {name: c[key] for name, c in counts.items()}
+                               for key in ("cached_blocks", "stored_blocks", "removed_blocks", "holes")}
+        scraped = {}
+        for pod, s in self.scrapers.items():
+            scraped[pod] = s.latest()
+            self._scrape_versions[pod] = s.version
+        if scraped:
+            out["scraped"] = scraped
+        return out
+
+    # ---- letters --------------------------------------------------------------------
+
+    def _execute(self, letter: Letter) -> None:
+        cmd = letter.command
+        if isinstance(cmd, (Attach, TakeSnapshot)):
+            self._want_snapshot.append(letter)
+        elif isinstance(cmd, Detach):
+            pass  # nothing of a viewer's lives here
+        elif letter.sink is not None:
+            self._out.append(Reply(letter.sink, Error(
+                ErrorCode.READ_ONLY, f"{cmd.type} is not possible here: kvscope attach only "
+                f"watches a deployment; send requests to its own API",
+                getattr(cmd, "request_id", None), getattr(cmd, "type", None))))
+
+    def _answer_snapshots(self) -> None:
+        if not self._want_snapshot:
+            return
+        hello = self._hello()
+        snap = Snapshot(self._last_seq, self.state.to_snapshot(), dict(self._last_metrics))
+        for letter in self._want_snapshot:
+            if letter.sink is None:
+                continue
+            if isinstance(letter.command, Attach):
+                self._out.append(Reply(letter.sink, hello))
+            self._out.append(Reply(letter.sink, snap))
+        self._want_snapshot.clear()
+
+    def _shutdown(self) -> None:
+        self.board.set(Health(Status.STOPPING, "shutting down", self.run_id, self.config.get("model_name")))
+        while self._take_items(timeout=None, limit=1 << 30):  # the subscriptions have ended
+            pass
+        if self.scrapers:  # the last reading, so the run ends with the deployment's figures
+            self._make_step([], {"pod": None})
+        self._finish_run()
+        self._flush()

@@ -1,0 +1,87 @@
+"""``kvscope attach`` as a user runs it: a subprocess on a publisher, ended by SIGTERM with
+nothing lost; its arguments; ``kvscope replay --json`` and the text view of the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+from engine.events.types import KVBlockStored
+from engine.store.runs import RunStore
+from tests.attach.fake_publisher import FakePublisher, free_port, removed, stored
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_sigterm_ends_the_run_cleanly_with_every_batch_recorded(tmp_path, capsys):
+    pub = FakePublisher()
+    db = str(tmp_path / "runs.sqlite")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "attach", "--kv-events", pub.endpoint, "--replay",
+         pub.replay_endpoint, "--pod", "gpu-0", "--label", "cli run", "--port", str(port), "--db", db],
+        cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not re.search(rf"serving ws://127\.0\.0\.1:{port} \(run \S+\)", lines[-1] if lines else ""):
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "".join(lines)
+        pub.wait_subscriber()
+        n = 200
+        for i in range(n):
+            pub.publish([stored([1000 + i], None if i == 0 else 999 + i, [i] * 4, 4)])
+        pub.publish([removed([1000])])
+        time.sleep(0.3)  # some are still in flight when the signal comes: none may be lost
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pub.close()
+    store = RunStore(db)
+    run = store.list_runs()[0]
+    assert run["kind"] == "attached" and run["label"] == "cli run" and run["finished_at"]
+    recs = store.load_steps(run["id"])
+    assert sum(isinstance(e, KVBlockStored) for r in recs for e in r.events) == n
+    assert recs[-1].metrics["cached_blocks"] == {"gpu-0": n - 1}
+
+    assert main(["replay", run["id"], "--db", db, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    blocks = out["pods"]["gpu-0"]["cached_blocks"]
+    assert len(blocks) == n - 1 and blocks[0] == {"hash": format(1001, "016x"),
+                                                  "parent": format(1000, "016x"), "num_tokens": 4}
+    assert main(["replay", run["id"], "--db", db, "--step", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pods"]["gpu-0"]["cached_blocks"] == [
+        {"hash": format(1000, "016x"), "parent": None, "num_tokens": 4}]
+    assert main(["replay", run["id"], "--db", db]) == 0
+    text = capsys.readouterr().out
+    assert "| attached |" in text and f"pod gpu-0: {n - 1} cached blocks of 4 tokens" in text
+    assert main(["runs", "--db", db]) == 0
+    assert "attached, 1 pod(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--replay", "tcp://127.0.0.1:1"], "--replay belongs to a pod"),
+    (["--kv-events", "tcp://127.0.0.1:1", "--pod", "a", "--pod", "b"], "--pod given twice"),
+    (["--kv-events", "http://x"], "must be a ZMQ endpoint"),
+    (["--kv-events", "tcp://127.0.0.1:1", "--kv-events", "tcp://127.0.0.1:1"], "pod names must differ"),
+    (["--kv-events", "tcp://127.0.0.1:1", "--tokenizer", "/nonexistent/dir"], "kvscope downloads nothing"),
+    (["--kv-events", "tcp://127.0.0.1:1", "--host", "0.0.0.0"], "--allow-remote"),
+])
+def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
+    try:
+        code = main(["attach", *argv])
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err

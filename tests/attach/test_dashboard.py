@@ -1,0 +1,106 @@
+"""The Attached view in the dashboard (Streamlit's AppTest): live on a running attach, and
+on the stored run in Replay and on the Attached page; every tab, the prompt box."""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dashboard.attached_view import TABS
+from engine.store.runs import RunStore
+from tests.attach.demo import SYSTEM, publish_demo, word_tokenizer
+from tests.attach.fake_publisher import FakePublisher
+from tests.attach.helpers import source, start_attach, wait_until
+from tests.dashboard.conftest import APP, release_streamlit_resources
+from tests.dashboard.test_pages import rerun_until
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    a, b = FakePublisher(), FakePublisher(encoding="array", replay_layout=2)
+    srv = start_attach(tmp_path, source(a, "pod-a"), source(b, "pod-b"),
+                       tokenizer_file=word_tokenizer(tmp_path), label="demo deployment")
+    a.wait_subscriber()
+    b.wait_subscriber()
+    publish_demo(a, b)
+    # pod-b's removal of 14 was lost in the hole: the fold still holds it (and says so)
+    wait_until(lambda: srv.worker.state.cached("pod-b") == {f"{h:016x}" for h in (11, 12, 13, 14, 15)}
+               and len(srv.worker.state.cached("pod-a")) == 7, what="the demo")
+    monkeypatch.setenv("KVSCOPE_URL", srv.url)
+    monkeypatch.setenv("KVSCOPE_DB", srv.options.db)
+    monkeypatch.setenv("KVSCOPE_AUTOSTART", "0")
+    yield srv
+    release_streamlit_resources()
+    srv.stop()
+    a.close()
+    b.close()
+
+
+def texts(at: AppTest) -> str:
+    return "\n".join([m.value for m in at.markdown] + [c.value for c in at.caption]
+                     + [i.value for i in at.info] + [w.value for w in at.warning])
+
+
+def walk_tabs(at: AppTest, prefix: str) -> None:
+    for tab in TABS:
+        at.session_state[f"{prefix}_attached_tabs"] = tab
+        at.run()
+        assert not at.exception, (tab, [e.value for e in at.exception])
+
+
+def lookup(at: AppTest, prefix: str, prompt: str) -> list[dict]:
+    at.session_state[f"{prefix}_attached_tabs"] = "Prompt lookup"
+    at.run()
+    at.text_area(key=f"{prefix}_prompt").set_value(prompt)
+    next(b for b in at.button if b.label == "Look up").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at.dataframe[0].value.to_dict("records")
+
+
+def test_live_attach_renders_in_the_live_page_with_every_tab(env):
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at = rerun_until(at, lambda a: "**Pod pod-a**" in texts(a) and "**Pod pod-b**" in texts(a),
+                     what="the attached live view")
+    assert at.title[0].value == "Live: an attached deployment's prefix cache"
+    assert "no block grid, no block tables and no fragmentation view" in texts(at)
+    assert [m.value for m in at.metric if m.label == "cached blocks"] == ["7", "5"]  # pod-a, pod-b
+    assert [m.value for m in at.metric if m.label == "stored · removed"] == ["8 · 1", "5 · 0"]
+    assert "Pod **pod-b** has a hole in its stream" in texts(at)
+    assert not any(b.key == "live_reset" for b in at.button)  # nothing to reset on a watched pod
+    walk_tabs(at, "live")
+    rows = lookup(at, "live", SYSTEM + " what is a page")
+    by_pod = {r["pod"]: r for r in rows}
+    assert by_pod["pod-a"]["cached blocks"] == 4 and by_pod["pod-a"]["hit if sent now"] == 12
+    assert by_pod["pod-b"]["cached blocks"] == 3 and by_pod["pod-b"]["matched by"] == "token ids"
+    at.session_state["live_attached_tabs"] = "Shared prefixes"
+    at.run()
+    shared = at.dataframe[0].value
+    top = shared.iloc[0]
+    assert (top["pod"], top["tokens"], top["continuations"]) == ("pod-a", 12, 3)
+    assert top["prefix"] == SYSTEM
+    at.switch_page("views/submit.py").run()
+    assert "only listens" in texts(at)
+    at.switch_page("views/attached.py").run()
+    assert not at.exception and "**Pod pod-a**" in texts(at)
+
+
+def test_a_stored_attached_run_replays_with_the_slider_and_every_tab(env):
+    env.stop()
+    run = RunStore(env.options.db).list_runs()[0]
+    assert run["kind"] == "attached"
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page("views/replay.py").run()
+    at.selectbox(key="replay_run").set_value(run["id"]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(m.label == "cached blocks" for m in at.metric)  # the first pod heard from
+    assert "has a hole" not in texts(at)  # the first step: nothing lost yet
+    at.button(key="replay_jump_removal").click().run()
+    at.button(key="replay_jump_hole").click().run()
+    assert not at.exception
+    assert "Pod **pod-b** has a hole in its stream" in texts(at)
+    walk_tabs(at, "replay")
+    assert at.slider(key="replay_slider").max == run["num_steps"] - 1
+    at.switch_page("views/compare.py").run()  # attached runs are not offered to Compare
+    assert not at.exception
+    at.switch_page("views/attached.py").run()
+    assert not at.exception and "**Pod pod-a**" in texts(at) and "**Pod pod-b**" in texts(at)
