@@ -26,7 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.core import KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError
+from engine.core import (
+    KVScopeError, PromptTooLongError, QueueFullError, RequestStatus, SamplingParamsError,
+)
 from engine.events.step import StepRecord
 from engine.events.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
@@ -152,15 +154,52 @@ class EngineWorker(threading.Thread):
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as exc:  # an engine fault: fail the live requests, keep serving
-            log.exception("kvscope: engine step failed; aborting live requests")
-            for rid in self.book.live():
-                self._reply(self.book.get(rid).sink,
-                            Error(ErrorCode.INTERNAL, f"engine step failed: {exc}", rid, "submit"))
-            self._abort_all()
+        except Exception as exc:  # an engine fault: fail that step's requests, keep serving
+            self._fail_step(exc)
             return
         for out in outputs:
             self._deliver(out)
+
+    def _fail_step(self, exc: Exception) -> None:
+        """A step raised: fail only the requests it held, so the next step can run.
+
+        Which requests: the scheduler's ``running`` list after the failed step, that is
+        every request the step scheduled (``schedule()`` moves the waiting ones it admits
+        there) plus any running one the token budget left out of this step (the failed
+        step cannot say which ran; failing one request too many is the safe side). With
+        nothing running, the fault came before admission, so the head of ``waiting`` is
+        failed. Each failed request's submitter gets ``error`` (internal) and then its
+        ``finished`` (abort); a request the engine only half-entered (in the scheduler,
+        with no output state: issue 17's seed of 2**64) is removed from the scheduler.
+        Every failed step removes at least one request, so a poisoned request cannot
+        fail step after step. Blocks hashed for K/V the step never wrote lose their hash
+        (a prefix hit on them would read garbage). A fault with no request to blame (in
+        publishing) cannot be isolated: it is raised, and the server reports the error.
+        """
+        engine = self.engine
+        sched = engine.scheduler
+        batch = [r.request_id for r in sched.running] or [r.request_id for r in list(sched.waiting)[:1]]
+        if not batch:
+            raise exc
+        sched.kv.uncache_uncomputed()  # idempotent: a fault after the forward finds nothing to undo
+        rids = list(dict.fromkeys(core_id.split("#", 1)[0] for core_id in batch))  # fork samples: rid#k
+        detail = f"{type(exc).__name__}: {exc}"
+        log.error("kvscope: engine step failed (%s); failing its %d request(s) %s",
+                  detail, len(rids), rids[:8], exc_info=exc)
+        for rid in rids:
+            owned = self.book.get(rid)
+            if owned is not None:
+                self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this request "
+                                              f"failed ({detail}); the request was aborted", rid, "submit"))
+            try:
+                self._abort(rid)
+            except Exception:
+                log.exception("kvscope: aborting %s after a failed step failed", rid)
+                self.book.release(rid)
+        for core_id in batch:  # anything abort_request could not reach (no output state)
+            if core_id in sched.requests:
+                sched.finish_request(core_id, RequestStatus.FINISHED_ABORTED)
+        self.board.note_step_failure(detail, len(rids))
 
     # ---- commands ---------------------------------------------------------------------
 
