@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels_bench import time_ms  # noqa: E402
 
-from kernels import paged_attention, paged_attention_ref  # noqa: E402
+from kernels import paged_attention_ref  # noqa: E402
+from kernels.triton_attention import paged_attention  # noqa: E402
 from kernels.triton_decode import launch_paged_decode  # noqa: E402
 
 SHAPES = {"llama-8b (32q/8kv x128)": (32, 8, 128), "smollm2 (9q/3kv x64)": (9, 3, 64)}

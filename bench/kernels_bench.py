@@ -22,14 +22,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import (  # noqa: E402
-    copy_blocks,
-    copy_blocks_ref,
-    paged_attention,
-    paged_attention_ref,
-    reshape_and_cache,
-    reshape_and_cache_ref,
-)
+from kernels import copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref  # noqa: E402
+from kernels.triton_attention import paged_attention  # noqa: E402
+from kernels.triton_cache import reshape_and_cache  # noqa: E402
+from kernels.triton_copy import copy_blocks  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

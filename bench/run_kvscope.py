@@ -22,13 +22,12 @@ def make_engine(loaded, model: str, max_num_seqs: int, num_kv_blocks: int,
                 enable_events: bool = False, **overrides):
     """An LLMEngine over an already loaded model (no second load)."""
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.startup import build_engine_parts
+    from engine.startup import build_engine
 
     kw = {**BASE_ENGINE, **overrides}
     cfg = EngineConfig(model=model, max_num_seqs=max_num_seqs, num_kv_blocks=num_kv_blocks,
                        enable_events=enable_events, **kw)
-    return LLMEngine(cfg, build_engine_parts(cfg, loaded=loaded))
+    return build_engine(cfg, loaded=loaded)
 
 
 def _filled_slots(sched) -> int:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from engine.core.config import check_block_size
 from engine.core.errors import ConfigError
 
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB: ~1450 blocks of 16 tokens for SmolLM2 in fp32
+# The CPU KV budget when neither num_kv_blocks nor kv_cache_memory is given: 1 GiB
+# (~1450 blocks of 16 tokens for SmolLM2 in fp32), capped at what max_num_seqs
+# full-length sequences can use (engine.startup), so a tiny model gets a small pool.
+DEFAULT_CPU_KV_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +58,7 @@ class EngineConfig:
             raise ConfigError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
-        if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ConfigError(f"block_size must be a positive integer, got {self.block_size!r}")
+        check_block_size(self.block_size)
 
     def to_dict(self) -> dict:
         return asdict(self)

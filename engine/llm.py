@@ -15,6 +15,7 @@ from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import SamplingParams
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.startup import build_engine
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
 
@@ -23,7 +24,7 @@ class LLM:
     """Offline batch generation over one engine."""
 
     def __init__(self, model: str = DEFAULT_MODEL, **kwargs) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self.engine = build_engine(EngineConfig(model=model, **kwargs))
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -1,8 +1,14 @@
-"""LLMEngine: one step at a time — schedule → execute → update — then publish.
+"""LLMEngine: one step at a time — schedule → execute → update → process outputs → publish.
 
-The server drives it; ``LLM`` wraps it for offline use. Each step yields
-RequestOutputs (with streaming deltas) and one StepRecord (events + metrics)
-handed to every step listener (the server's broadcaster, the recorder).
+Build one with ``engine.startup.build_engine(config)``. The server drives it; ``LLM``
+wraps it for offline use. Each step yields RequestOutputs (with streaming deltas) and
+one StepRecord (events + metrics) handed to every step listener (the server's
+broadcaster, the recorder).
+
+Who owns what, per request: the Scheduler (engine.core) its tokens, status and blocks;
+the ModelRunner its sampling state (generators included); the OutputProcessor its
+text, stop strings, timings and ``RequestOutput``. The engine only passes typed
+outputs between them.
 """
 
 from __future__ import annotations
@@ -12,19 +18,22 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.core import (
-    CacheConfig, EventLog, KVScopeError, Request, RequestStatus, SamplingParams, Scheduler,
-    SchedulerConfig,
+    CacheConfig, EngineCoreOutputs, KVScopeError, ModelRunnerOutput, Request, RequestStatus,
+    SamplingParams, SamplingParamsError, Scheduler, SchedulerConfig, SchedulerOutput,
 )
 from engine.core.ids import check_request_id
-from engine.events.metrics import LatencyObservations, MetricsConfig, MetricsTracker
+from engine.events.metrics import MetricsConfig, MetricsTracker
 from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.step import StepRecord
+from engine.output_processor import OutputProcessor, ProcessedOutputs
 from engine.outputs import RequestOutput
-from engine.request_group import RequestGroup
-from engine.startup import EngineParts, build_engine_parts
+
+if TYPE_CHECKING:
+    from engine.engine_parts import EngineParts
 
 logger = logging.getLogger(__name__)
 
@@ -32,28 +41,25 @@ StepListener = Callable[[StepRecord], None]
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, parts: EngineParts | None = None) -> None:
-        self.config = config
-        self.parts = parts or build_engine_parts(config)
-        self.tokenizer = self.parts.loaded.tokenizer
-        self.spec = self.parts.loaded.spec
-        self.log = EventLog(enabled=config.enable_events)
-        self.scheduler = Scheduler(self.parts.scheduler_config, self.parts.cache_config, self.log)
-        self.runner = self.parts.runner
-        self.metrics = MetricsTracker(MetricsConfig(
-            block_size=self.parts.cache_config.block_size,
-            num_blocks=self.parts.cache_config.num_blocks,
-            max_num_batched_tokens=self.parts.scheduler_config.max_num_batched_tokens))
-        self.groups: dict[str, RequestGroup] = {}
-        self.step_listeners: list[StepListener] = []
-        self._rng = random.Random(config.seed)
-        self._ids = itertools.count()
-        self._seq = 0
-        self.last_metrics: dict = {}
+    """An engine over built parts; use ``engine.startup.build_engine(config)``."""
 
-    @classmethod
-    def from_args(cls, **kwargs) -> "LLMEngine":
-        return cls(EngineConfig(**kwargs))
+    def __init__(self, config: EngineConfig, parts: EngineParts, scheduler: Scheduler) -> None:
+        self.config = config
+        self.parts = parts
+        self.tokenizer = parts.loaded.tokenizer
+        self.spec = parts.loaded.spec
+        self.scheduler = scheduler
+        self.log = scheduler.log
+        self.runner = parts.runner
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.metrics = MetricsTracker(MetricsConfig(
+            block_size=parts.cache_config.block_size,
+            num_blocks=parts.cache_config.num_blocks,
+            max_num_batched_tokens=parts.scheduler_config.max_num_batched_tokens))
+        self.step_listeners: list[StepListener] = []
+        self._rng = random.Random(config.seed)  # seeds of requests that bring none
+        self._ids = itertools.count()
+        self.last_metrics: dict = {}
 
     # ---- facts --------------------------------------------------------------
 
@@ -99,28 +105,37 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None,
                     request_id: str | None = None, messages: list[dict] | None = None) -> str:
-        """Tokenize and queue a request; raises KVScopeError subclasses for bad input."""
+        """Tokenize and queue a request; raises KVScopeError subclasses for bad input.
+
+        Atomic: everything is checked and built first, and only then is the request
+        entered (scheduler, then output processor), so a refusal leaves nothing behind.
+        """
         params = params or SamplingParams()
         text, ids = self.tokenize(prompt, messages)
+        # the caller's id follows the one rule ('#' is reserved: fork samples' ids use it)
         rid = check_request_id(request_id) if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self.groups:
+        if rid in self.output_processor.requests or rid in self.scheduler.requests:
             raise KVScopeError(f"request id {rid!r} is already in use")
-        base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
-        req = Request(rid, ids, params, arrival_time=time.time(), eos_token_ids=self.spec.eos_token_ids)
-        self.scheduler.add_request(req)  # validates length and queue bound
-        self.groups[rid] = RequestGroup(rid, text, ids, params, base_seed, req.arrival_time,
-                                        self.tokenizer, self.runner.device)
+        vocab = self.spec.vocab_size
+        if params.top_k > vocab:
+            raise SamplingParamsError(f"top_k must be at most the vocabulary size ({vocab}), got {params.top_k}")
+        state = self.output_processor.new_request(rid, text, ids, params, time.time())
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
+        req = Request(rid, ids, params, arrival_time=state.metrics.arrival_time,
+                      eos_token_ids=self.spec.eos_token_ids, seed=seed)
+        self.scheduler.add_request(req)  # checks length and queue bound before it changes anything
+        self.output_processor.add_request(state)
         return rid
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort a request and all its samples; returns its final output."""
-        group = self.groups.pop(request_id, None)
-        if group is None:
+        aborted = self.output_processor.abort_request(request_id)
+        if aborted is None:
             return None
-        for core_id in group.unfinished_ids():
+        output, core_ids = aborted
+        for core_id in core_ids:
             self.scheduler.finish_request(core_id, RequestStatus.FINISHED_ABORTED)
-        group.abort(time.time())
-        return group.output()
+        return output
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -131,60 +146,35 @@ class LLMEngine:
     # ---- one step -----------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler
-        out = sched.schedule()
-        now = time.time()
-        rows = {}
-        for s in out.scheduled:
-            group = self.groups[_group_id(s.request_id)]
-            if group.metrics.first_scheduled_time is None:
-                group.metrics.first_scheduled_time = now
-                group.num_cached_tokens = sched.requests[s.request_id].num_cached_tokens
-            if s.num_samples:
-                rows[s.request_id] = group.rows_for(s.request_id, s.num_samples)
-        try:
-            sampled = self.runner.execute(out, rows)
-        except BaseException:
-            sched.kv.uncache_uncomputed()  # blocks hashed for K/V this forward never wrote
-            raise
-        now = time.time()
-        tokens = {rid: [t.token_id for t in toks] for rid, toks in sampled.items()}
-        children, finished = sched.update_from_output(out, tokens)
-        ttft, itl, e2e = [], [], []
-        touched: dict[str, RequestGroup] = {}
-        for rid, toks in sampled.items():
-            group = self.groups[_group_id(rid)]
-            touched[group.request_id] = group
-            k0 = RequestGroup.index_of(rid)
-            for k, tok in enumerate(toks):
-                core_id = rid if k == 0 else f"{group.request_id}#{k0 + k}"
-                stop = group.append(core_id, tok, now, ttft, itl)
-                if stop is not None:
-                    if core_id in sched.requests:
-                        sched.finish_request(core_id, RequestStatus.FINISHED_STOPPED)
-                    group.finish(core_id, "stop", stop, now)
-        for r in finished:
-            group = self.groups[_group_id(r.request_id)]
-            touched[group.request_id] = group
-            group.finish(r.request_id, r.status.finish_reason,
-                         r.stop_token if r.status is RequestStatus.FINISHED_STOPPED else None, now)
-        outputs = []
-        for gid, group in touched.items():
-            outputs.append(group.output())
-            if group.finished:
-                e2e.append(group.metrics.e2e)
-                del self.groups[gid]
-        sched.end_step()
-        self._publish(now, LatencyObservations(tuple(ttft), tuple(itl), tuple(e2e)))
-        return outputs
+        scheduler_output = self.scheduler.schedule()
+        model_output = self._execute(scheduler_output)
+        core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        processed = self._process_outputs(core_outputs)
+        self._publish(processed)
+        return processed.request_outputs
 
-    def _publish(self, ts: float, lat: LatencyObservations) -> None:
+    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        try:
+            return self.runner.execute(scheduler_output)
+        except BaseException:
+            self.scheduler.kv.uncache_uncomputed()  # blocks hashed for K/V this forward never wrote
+            raise
+
+    def _process_outputs(self, core_outputs: EngineCoreOutputs) -> ProcessedOutputs:
+        processed = self.output_processor.process_outputs(core_outputs)
+        self.scheduler.stop_requests(processed.reqs_to_stop)  # the next schedule finishes them
+        return processed
+
+    def _publish(self, processed: ProcessedOutputs) -> None:
         events = self.log.drain()
         if not self.config.enable_events and not self.step_listeners:
             return
-        self.last_metrics = self.metrics.update(events, self.scheduler.pool_summary(), ts, lat)
-        record = StepRecord(self._seq, self.scheduler.step, ts, events, self.last_metrics)
-        self._seq += 1
+        ts = time.time()
+        step = self.scheduler.step  # the step just closed; seq derives from it (one clock)
+        self.last_metrics = self.metrics.update(
+            events, self.scheduler.pool_summary(), ts, processed.latencies,
+            processed.first_tokens, processed.finished_requests)
+        record = StepRecord(step - 1, step, ts, events, self.last_metrics)
         for listener in list(self.step_listeners):
             try:
                 listener(record)
@@ -227,7 +217,3 @@ def _tokenizer_file(weights_dir) -> str | None:
     """The fast tokenizer's JSON, so a torch-free reader (the dashboard) can decode ids."""
     path = weights_dir / "tokenizer.json"
     return str(path.resolve()) if path.is_file() else None
-
-
-def _group_id(core_id: str) -> str:
-    return core_id.split("#", 1)[0]

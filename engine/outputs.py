@@ -1,7 +1,14 @@
-"""What generate() returns and what the server streams (vLLM-shaped)."""
+"""What generate() returns and what the server streams (vLLM-shaped).
+
+Written by the output processor (engine/output_processor), one ``RequestOutput`` per
+request touched in a step. While a request runs, a sample's ``token_ids`` is the core's
+read-only live view of its tokens and ``logprobs`` the processor's own list (both grow
+with later steps, and making them costs O(1)); the finished output holds a plain list.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 
@@ -11,7 +18,7 @@ class CompletionOutput:
 
     index: int
     text: str
-    token_ids: list[int]
+    token_ids: Sequence[int]  # a list once finished; before, a live read-only view
     finish_reason: str | None = None  # "length" | "stop" | "abort"
     stop_reason: str | int | None = None  # the stop string or token that matched
     logprobs: list[dict[int, float]] | None = None
@@ -51,5 +58,8 @@ class RequestOutput:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        for c, out in zip(d["outputs"], self.outputs):
+            c["token_ids"] = list(out.token_ids)
+            c["logprobs"] = None if out.logprobs is None else [dict(e) for e in out.logprobs]
         d["deltas"] = {str(k): {"text": t, "token_ids": ids} for k, (t, ids) in self.deltas.items()}
         return d

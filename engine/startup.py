@@ -1,19 +1,26 @@
-"""Engine start-up: load the model, size the KV budget, build the runner.
+"""Engine start-up: ``build_engine(config)``, the one way to make an LLMEngine.
 
-Derived values (device, max_model_len, chunk budget, block count) are computed
-here and passed on explicitly; the EngineConfig is never written back.
+It loads the model (or reuses loaded weights), sizes the KV budget, builds the
+scheduler (which checks that the pool holds one max_model_len sequence, before any KV
+tensor is allocated) and then the runner. Derived values (device, max_model_len,
+chunk budget, block count) are computed here and passed on explicitly; the
+EngineConfig is never written back.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 
 import torch
 
 from engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig
-from engine.core import CacheConfig, ConfigError, KVCacheTooSmallError, SchedulerConfig, check_capacity
+from engine.core import (
+    CacheConfig, ConfigError, EventLog, KVCacheTooSmallError, NewRequestData, SamplingParams,
+    ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput,
+)
+from engine.engine_parts import EngineParts
+from engine.llm_engine import LLMEngine
 from engine.model.attention import select_backend
 from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
@@ -22,15 +29,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_MODEL_LEN = 2048
 DEFAULT_CHUNK_BUDGET = 512  # tokens per step: big enough to batch, small enough for fair TTFT
-
-
-@dataclass(frozen=True, slots=True)
-class EngineParts:
-    loaded: LoadedModel
-    cache_config: CacheConfig
-    scheduler_config: SchedulerConfig
-    runner: ModelRunner
-    kv_bytes_per_block: int
 
 
 def resolve_device(device: str) -> torch.device:
@@ -80,12 +78,12 @@ def _profile_cuda_blocks(cfg: EngineConfig, loaded: LoadedModel, per_block: int,
     torch.cuda.reset_peak_memory_stats()
     probe_blocks = -(-sched.max_num_batched_tokens // block_size)
     runner = ModelRunner(loaded, probe_blocks, block_size, backend)
-    from engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
-
     n = sched.max_num_batched_tokens
     table = list(range(probe_blocks))
-    out = SchedulerOutput(0, [ScheduledRequest("profile", [0] * n, 0, table, list(range(n)), 1, "prefill")])
-    runner.execute(out, {"profile": [_greedy_row()]})
+    out = SchedulerOutput(0, [ScheduledRequest("profile", [0] * n, 0, table, list(range(n)), ("profile",),
+                                               "prefill")],
+                          new_requests=[NewRequestData("profile", SamplingParams(temperature=0.0), 0)])
+    runner.execute(out)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
     del runner
@@ -105,13 +103,18 @@ def kv_budget_bytes(total: int, free: int, peak: int, utilization: float) -> int
     return max(0, min(int(total * utilization) - peak, free))
 
 
-def _greedy_row():
-    from engine.model.sampler import RowSampling
+def default_cpu_blocks(per_block: int, block_size: int, max_model_len: int, max_num_seqs: int) -> int:
+    """The CPU pool when no size is given: the 1 GiB default, but no more than
+    ``max_num_seqs`` full-length sequences can use at once (vLLM's "maximum
+    concurrency" figure), so a tiny model does not get a pool nothing ever fills."""
+    return min(DEFAULT_CPU_KV_BYTES // per_block, max_num_seqs * -(-max_model_len // block_size))
 
-    return RowSampling(temperature=0.0)
 
+def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> LLMEngine:
+    """An engine for ``cfg`` (on ``loaded`` weights when given, e.g. for a restart).
 
-def build_engine_parts(cfg: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
+    Raises the KVScopeError subclasses (ConfigError, KVCacheTooSmallError) for a
+    config that cannot run."""
     device = resolve_device(cfg.device)
     if device.type == "cpu":
         configure_cpu_threads()
@@ -139,19 +142,22 @@ def build_engine_parts(cfg: EngineConfig, loaded: LoadedModel | None = None) -> 
         num_blocks = _profile_cuda_blocks(cfg, loaded, per_block, sched, cfg.block_size)
         source = f"gpu_memory_utilization={cfg.gpu_memory_utilization}"
     else:
-        num_blocks, source = DEFAULT_CPU_KV_BYTES // per_block, "the CPU default of 1 GiB"
+        num_blocks = default_cpu_blocks(per_block, cfg.block_size, max_len, cfg.max_num_seqs)
+        source = "the CPU default of 1 GiB"
+        if num_blocks < DEFAULT_CPU_KV_BYTES // per_block:
+            source += f", capped at what max_num_seqs={cfg.max_num_seqs} full-length sequences use"
     if num_blocks < 1:
         raise KVCacheTooSmallError(
             f"{source} leaves room for no KV block (one block of {cfg.block_size} tokens costs "
             f"{per_block} bytes); raise the KV budget")
     cache = CacheConfig(block_size=cfg.block_size, num_blocks=num_blocks,
                         enable_prefix_caching=cfg.enable_prefix_caching)
-    check_capacity(cache, sched)
+    scheduler = Scheduler(sched, cache, EventLog(enabled=cfg.enable_events))  # checks capacity
     backend = select_backend(cfg.attention_backend, device)
     runner = ModelRunner(loaded, num_blocks, cfg.block_size, backend)
     logger.info(
         "KV cache: %d blocks x %d tokens = %d token slots (%.1f MiB, from %s); "
-        "%d sequences of max_model_len=%d fit at once; attention backend: %s",
+        "maximum concurrency for %d tokens per request: %.2fx; attention backend: %s",
         num_blocks, cfg.block_size, cache.num_slots, num_blocks * per_block / 2**20, source,
-        num_blocks // -(-max_len // cfg.block_size), max_len, backend.name)
-    return EngineParts(loaded, cache, sched, runner, per_block)
+        max_len, cache.num_slots / max_len, backend.name)
+    return LLMEngine(cfg, EngineParts(loaded, cache, sched, runner, per_block), scheduler)

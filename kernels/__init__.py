@@ -1,8 +1,10 @@
 """Paged-attention kernels: Triton versions and their torch reference twins.
 
-The Triton names are imported lazily: importing triton fixes compiled-vs-interpreted
-mode (TRITON_INTERPRET) for the whole process, and CPU-only users of the reference
-twins should not pay for (or be bound by) that import.
+Import each kernel from its module (``from kernels.triton_attention import
+paged_attention``); this package re-exports only the torch reference twins. The
+Triton modules stay out of this file on purpose: importing triton fixes compiled-vs-
+interpreted mode (TRITON_INTERPRET) for the whole process, and CPU-only users of
+the twins should not pay for (or be bound by) that import.
 """
 
 from kernels.reference import (
@@ -11,18 +13,4 @@ from kernels.reference import (
     reshape_and_cache_ref,
 )
 
-_TRITON = {
-    "copy_blocks": "kernels.triton_copy",
-    "paged_attention": "kernels.triton_attention",
-    "reshape_and_cache": "kernels.triton_cache",
-}
-
-__all__ = ["copy_blocks_ref", "paged_attention_ref", "reshape_and_cache_ref", *_TRITON]
-
-
-def __getattr__(name: str):
-    if name in _TRITON:
-        import importlib
-
-        return getattr(importlib.import_module(_TRITON[name]), name)
-    raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+__all__ = ["copy_blocks_ref", "paged_attention_ref", "reshape_and_cache_ref"]

@@ -28,7 +28,10 @@ smaller dtype.""",
 at start-up: `num_blocks = budget // bytes_per_block`. On a GPU the budget is
 `total memory x gpu_memory_utilization` minus what a profiling forward pass at the
 largest batch used (weights and activations), as in vLLM. On a CPU kvscope takes
-`kv_cache_memory` bytes (1 GiB by default), or an explicit `num_kv_blocks`.
+`kv_cache_memory` bytes, or an explicit `num_kv_blocks`. Given neither, it takes 1 GiB,
+but no more than `max_num_seqs` full-length sequences can use (vLLM reports that
+figure at start-up as the "maximum concurrency"), so a tiny model is not handed a pool
+nothing ever fills.
 
 **From blocks to sequences.** A sequence of `max_model_len` tokens needs
 `ceil(max_model_len / block_size)` blocks, so `num_blocks // that` full-length sequences

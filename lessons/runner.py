@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.events.render import render_snapshot
 from engine.events.step import StepRecord
 from engine.llm_engine import LLMEngine
-from engine.startup import build_engine_parts
+from engine.startup import build_engine
 from engine.store import Recorder
 
 from lessons.base import Lesson
@@ -60,7 +60,7 @@ class LessonContext:
 
         Raises the engine's KVScopeError subclasses (e.g. KVCacheTooSmallError)."""
         cfg = self.config(**overrides)
-        eng = LLMEngine(cfg, build_engine_parts(cfg, loaded=self._loaded))
+        eng = build_engine(cfg, loaded=self._loaded)
         self._loaded = eng.parts.loaded
         return eng
 

@@ -6,17 +6,20 @@ from engine.core.errors import (
     ConfigError, KVCacheTooSmallError, KVScopeError, PromptTooLongError, QueueFullError,
     SamplingParamsError,
 )
+from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
 from engine.core.event_log import EventLog
 from engine.core.kv_cache_manager import KVCacheManager, PrefixMatch
-from engine.core.request import Request, RequestStatus
-from engine.core.sampling_params import SamplingParams
+from engine.core.model_runner_output import ModelRunnerOutput, SampledToken
+from engine.core.request import Request, RequestStatus, TokenView, child_request_id
+from engine.core.sampling_params import SamplingParams, is_greedy
 from engine.core.scheduler import Scheduler
-from engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 
 __all__ = [
-    "Block", "BlockPool", "CacheConfig", "ConfigError", "EventLog", "FreeBlockQueue",
-    "KVCacheManager", "KVCacheTooSmallError", "KVScopeError", "PrefixMatch",
-    "PromptTooLongError", "QueueFullError", "Request", "RequestStatus", "SamplingParams",
-    "SamplingParamsError", "ScheduledRequest", "Scheduler", "SchedulerConfig",
-    "SchedulerOutput", "check_capacity",
+    "Block", "BlockPool", "CacheConfig", "ConfigError", "EngineCoreOutput", "EngineCoreOutputs",
+    "EventLog", "FreeBlockQueue", "KVCacheManager", "KVCacheTooSmallError", "KVScopeError",
+    "ModelRunnerOutput", "NewRequestData", "PrefixMatch", "PromptTooLongError", "QueueFullError",
+    "Request", "RequestStatus", "SampledToken", "SamplingParams", "SamplingParamsError",
+    "ScheduledRequest", "Scheduler", "SchedulerConfig", "SchedulerOutput", "TokenView",
+    "check_capacity", "child_request_id", "is_greedy",
 ]

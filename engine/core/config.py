@@ -1,10 +1,26 @@
-"""Frozen, validated configs for the cache and the scheduler (plain Python)."""
+"""Frozen, validated configs for the cache and the scheduler (plain Python).
+
+The one home of the block-size rule (``check_block_size``, also asked by
+``EngineConfig`` before any model loads) and of the capacity rule
+(``check_capacity``, asked by the Scheduler, which the engine builds before it
+allocates the KV tensors).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from engine.core.errors import ConfigError, KVCacheTooSmallError
+
+
+MAX_BLOCK_SIZE = 1024  # tokens; vLLM's largest supported block is far smaller
+
+
+def check_block_size(block_size) -> None:
+    """Raise ConfigError unless ``block_size`` is an integer in [1, MAX_BLOCK_SIZE]."""
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or \
+            not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise ConfigError(f"block_size must be an integer in [1, {MAX_BLOCK_SIZE}], got {block_size!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,8 +32,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.block_size, int) or not 1 <= self.block_size <= 1024:
-            raise ConfigError(f"block_size must be an integer in [1, 1024], got {self.block_size!r}")
+        check_block_size(self.block_size)
         if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
             raise ConfigError(f"num_blocks must be a positive integer, got {self.num_blocks!r}")
 

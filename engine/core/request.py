@@ -1,26 +1,76 @@
 """A request's lifecycle and token bookkeeping (plain Python).
 
-Writer: the Scheduler owns status and counters; the KVCacheManager owns the
-request's block table (kept in the manager, not here).
+Writer: the Scheduler owns status, counters and the token lists (it appends sampled
+tokens through ``append_output_token``, the only mutator); the KVCacheManager owns
+the request's block table (kept in the manager, not here). Everyone else reads:
+the output processor holds ``output_token_ids``, a read-only live view.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.core.sampling_params import SamplingParams
+from engine.core.sampling_params import SEED_LIMIT, SamplingParams
 from engine.events.request_status import RequestStatus
 
 __all__ = ["Request", "RequestStatus"]
 
 
+def child_request_id(parent_id: str, sample_index: int) -> str:
+    """The request id of sample ``sample_index`` of a fork: the one place it is made.
+
+    Only a unique label (events and the dashboard show it); nothing parses it, since
+    identity is ``Request.parent_id`` and ``Request.sample_index``. Unique because
+    user request ids may not contain '#' (``engine.core.ids`` refuses them)."""
+    return f"{parent_id}#{sample_index}"
+
+
+class TokenView(Sequence[int]):
+    """A read-only live view of a list of token ids (vLLM's ConstantList).
+
+    O(1) to make, so a per-step output can carry a request's tokens without copying
+    them; it compares equal to a list or tuple with the same ids. Slicing gives a list.
+    """
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: list[int]) -> None:
+        self._ids = ids
+
+    def __getitem__(self, i):
+        return self._ids[i]
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self):
+        return iter(self._ids)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, TokenView):
+            other = other._ids
+        if isinstance(other, tuple):
+            other = list(other)
+        return self._ids == other
+
+    __hash__ = None  # live, so unhashable like the list it views
+
+    def __repr__(self) -> str:
+        return repr(self._ids)
+
+
 @dataclass(slots=True, eq=False)
 class Request:
-    """One sequence. A fork child (``n > 1``) is a Request with ``parent_id`` set.
+    """One sequence. A fork child (``n > 1``) is a Request with ``parent_id`` set and
+    its ``sample_index`` (1 .. n - 1; the parent is sample 0).
 
     ``token_ids`` = prompt + generated tokens; ``num_computed_tokens`` of them have
     K/V in the cache; ``num_cached_tokens`` came from the prefix cache at the
-    latest admission.
+    latest admission. ``seed`` is the resolved seed of this sample's generator (the
+    engine draws one when the user gave none); greedy requests carry it unused.
+    ``num_recomputed_tokens`` counts tokens computed again after preemptions: the
+    tokens a preemption dropped minus what the prefix cache gave back on resume.
     """
 
     request_id: str
@@ -31,17 +81,28 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     parent_id: str | None = None
     sample_index: int = 0
+    seed: int = 0
     token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    num_lost_tokens: int = 0  # computed tokens the latest preemption dropped
+    num_recomputed_tokens: int = 0
     forked: bool = False
     stop_token: int | None = None
+    _output_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        if not self._output_token_ids:
+            self._output_token_ids = self.token_ids[len(self.prompt_token_ids):]
+
+    def append_output_token(self, token_id: int) -> None:
+        """Add one sampled token (the Scheduler's call; the only way tokens grow)."""
+        self.token_ids.append(token_id)
+        self._output_token_ids.append(token_id)
 
     @property
     def num_tokens(self) -> int:
@@ -53,21 +114,26 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.prompt_token_ids)
+        return len(self._output_token_ids)
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids):]
+    def output_token_ids(self) -> TokenView:
+        """The generated tokens, read-only and live (O(1))."""
+        return TokenView(self._output_token_ids)
 
     @property
     def sort_key(self) -> tuple[int, int]:
         """Arrival order; fork children sit right after their parent."""
         return (self.arrival_index, self.sample_index)
 
+    def child_seed(self, sample_index: int) -> int:
+        """Sample k's seed: the parent's plus k, wrapped into 64 bits (never overflows)."""
+        return (self.seed + sample_index) % SEED_LIMIT
+
     def fork(self, sample_index: int) -> "Request":
         """A child sharing everything so far; its blocks are shared by the manager."""
         return Request(
-            request_id=f"{self.request_id}#{sample_index}",
+            request_id=child_request_id(self.request_id, sample_index),
             prompt_token_ids=self.prompt_token_ids,
             params=self.params,
             arrival_index=self.arrival_index,
@@ -75,9 +141,12 @@ class Request:
             eos_token_ids=self.eos_token_ids,
             parent_id=self.request_id,
             sample_index=sample_index,
+            seed=self.child_seed(sample_index),
             token_ids=list(self.token_ids),
             status=self.status,
             num_computed_tokens=self.num_computed_tokens,
             num_cached_tokens=self.num_cached_tokens,
+            num_recomputed_tokens=self.num_recomputed_tokens,
             forked=True,
+            _output_token_ids=list(self._output_token_ids),
         )

@@ -1,4 +1,7 @@
-"""SamplingParams: how to sample one request (vLLM-shaped). Plain Python."""
+"""SamplingParams: how to sample one request (vLLM-shaped). Plain Python.
+
+Also the one definition of "greedy" (``is_greedy``): the sampler asks it too.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +9,28 @@ from dataclasses import dataclass, field
 
 from engine.core.errors import SamplingParamsError
 
+# Temperatures below this mean argmax (vLLM's _SAMPLING_EPS): dividing logits by a
+# temperature this small would overflow float32 anyway.
+GREEDY_TEMPERATURE = 1e-5
+SEED_LIMIT = 1 << 64  # seeds feed a 64-bit generator: [0, 2**64)
+MAX_N = 128  # samples per request; OpenAI's limit for n
+MAX_TOKENS_LIMIT = 1 << 20  # above any max_model_len one kvscope machine holds; bounds every count
+
+
+def is_greedy(temperature: float) -> bool:
+    """Whether a row with this temperature is sampled by argmax (the one definition)."""
+    return temperature < GREEDY_TEMPERATURE
+
 
 @dataclass(slots=True)
 class SamplingParams:
     """Per-request sampling settings, validated on construction.
 
-    ``temperature == 0`` is greedy. ``n > 1`` forks the request after its prompt
-    is prefilled: the children share every KV block copy-on-write.
+    ``temperature`` below ``GREEDY_TEMPERATURE`` (0 in practice) is greedy. ``n > 1``
+    forks the request after its prompt is prefilled: the children share every KV block
+    copy-on-write. Every numeric field is range-checked here, so a value that passes
+    cannot overflow anywhere later (issue 17); ``top_k`` against the vocabulary is the
+    engine's check, since only it knows the vocabulary.
     """
 
     n: int = 1
@@ -38,16 +56,21 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         checks = [
-            (_is_int(self.n) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
+            (_is_int(self.n) and 1 <= self.n <= MAX_N, f"n must be an integer in [1, {MAX_N}], got {self.n!r}"),
             (_is_num(self.temperature) and self.temperature >= 0,
              f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}"),
             (_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}"),
             (_is_int(self.top_k) and self.top_k >= 0, f"top_k must be >= 0 (0 or -1 = off), got {self.top_k!r}"),
             (_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}"),
-            (self.seed is None or _is_int(self.seed), f"seed must be an integer or None, got {self.seed!r}"),
-            (self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
-             f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}"),
-            (_is_int(self.min_tokens) and self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens!r}"),
+            (self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT),
+             f"seed must be None or an integer in [0, 2**64 - 1] (it seeds a 64-bit generator), "
+             f"got {self.seed!r}"),
+            (self.max_tokens is None or (_is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_TOKENS_LIMIT),
+             f"max_tokens must be None or an integer in [1, {MAX_TOKENS_LIMIT}], got {self.max_tokens!r}"),
+            (_is_int(self.min_tokens) and 0 <= self.min_tokens <= MAX_TOKENS_LIMIT,
+             f"min_tokens must be an integer in [0, {MAX_TOKENS_LIMIT}], got {self.min_tokens!r}"),
+            (not (_is_int(self.min_tokens) and _is_int(self.max_tokens)) or self.min_tokens <= self.max_tokens,
+             f"min_tokens ({self.min_tokens!r}) must not exceed max_tokens ({self.max_tokens!r})"),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be a list of non-empty strings"),
             (all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids must be a list of non-negative integers"),
@@ -60,7 +83,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return is_greedy(self.temperature)
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

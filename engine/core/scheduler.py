@@ -1,25 +1,33 @@
 """Scheduler: spends a token budget each step; chunked prefill; preemption by recompute.
 
-Writer of request status and counters, and of the waiting/running queues. Each
-engine step is ``schedule() → (runner executes) → update_from_output()``.
+Writer of request status, counters and tokens, and of the waiting/running queues.
+Each engine step is ``schedule() → (runner executes) → update_from_output()``.
 There is no prefill phase: every request just closes the gap
 ``num_computed_tokens → num_tokens``. Running requests go first (decodes and
 unfinished chunks, in arrival order), then waiting ones (FCFS). When blocks run
 out, the most recently arrived running request is preempted: its blocks are
 freed and it goes back to the front of ``waiting`` to be recomputed.
+
+The step clock: ``EventLog.step`` is the one counter (the step events logged now
+belong to); only the Scheduler advances it, when ``update_from_output`` closes a
+step. ``Scheduler.step`` (the last scheduled step) and the engine's ``StepRecord.seq``
+(``step - 1``) are derived from it.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 
 from engine.core.config import CacheConfig, SchedulerConfig, check_capacity
+from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
 from engine.core.errors import PromptTooLongError, QueueFullError
 from engine.core.event_log import EventLog
 from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from engine.core.model_runner_output import ModelRunnerOutput
+from engine.core.request import Request, RequestStatus, child_request_id
+from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from engine.core.snapshot import build_snapshot, summarize_pool
 from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.pool_summary import PoolSummary
@@ -39,10 +47,18 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self.step = 0  # last scheduled step; events logged now belong to step + 1
-        self.log.step = 1
+        self.log.step = 1  # the step clock (see the module docstring)
         self.num_preemptions = 0
         self._next_arrival = 0
+        self._finished_ids: list[str] = []  # finished since the last schedule: the runner drops them
+        self._stop_next: list[str] = []  # stop-string finishes, applied by the next schedule
+        self._new: list[NewRequestData] = []  # the step being scheduled: sampling state to send
+        self._open = False  # between schedule() and the update that closes the step
+
+    @property
+    def step(self) -> int:
+        """The last scheduled step (the one a snapshot or pool summary taken now shows)."""
+        return self.log.step if self._open else self.log.step - 1
 
     # ---- requests in and out -----------------------------------------------
 
@@ -71,7 +87,7 @@ class Scheduler:
                                     req.arrival_index))
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
-        """Finish (stop string) or abort a request wherever it is; frees its blocks."""
+        """Finish or abort a request now, wherever it is; frees its blocks."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
@@ -82,8 +98,14 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = status
         self.kv.free(req)
+        self._finished_ids.append(request_id)
         self.log.add(RequestFinished(self.log.step, request_id, status.finish_reason))
         return req
+
+    def stop_requests(self, request_ids: list[str]) -> None:
+        """Finish these (stop strings the output processor matched) at the next schedule,
+        as vLLM does: the step that produced the text has already been computed."""
+        self._stop_next.extend(request_ids)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -91,7 +113,11 @@ class Scheduler:
     # ---- one step -----------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        self.step = self.log.step
+        stops, self._stop_next = self._stop_next, []
+        for rid in stops:
+            self.finish_request(rid, RequestStatus.FINISHED_STOPPED)
+        self._new = []
+        self._open = True
         budget = self.config.max_num_batched_tokens
         thr = self.config.long_prefill_token_threshold
         scheduled: list[ScheduledRequest] = []
@@ -126,82 +152,101 @@ class Scheduler:
             if not self.kv.allocate_slots(req, n, match):
                 break
             self.waiting.popleft()
+            if req.status is RequestStatus.WAITING:  # first admission: the runner meets it now
+                self._new.append(NewRequestData(req.request_id, req.params, req.seed))
+            else:  # resumed: what the preemption dropped, less the hit, is computed again
+                req.num_recomputed_tokens += max(0, req.num_lost_tokens - match.num_tokens)
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = req.num_cached_tokens = match.num_tokens
             bisect.insort(self.running, req, key=lambda r: r.sort_key)
             scheduled.append(self._scheduled(req, n))
             budget -= n
 
-        return SchedulerOutput(self.step, scheduled, self.kv.take_cow_pairs(), preempted,
-                               self.config.max_num_batched_tokens)
+        finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(self.log.step, scheduled, self.kv.take_cow_pairs(), preempted,
+                               self.config.max_num_batched_tokens, self._new, finished, time.time())
 
     def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
         start = req.num_computed_tokens
         end = start + n
         decode = n == 1 and req.num_output_tokens > 0 and end == req.num_tokens
-        samples = 0
+        sample_ids: tuple[str, ...] = ()
         if end == req.num_tokens:
-            samples = req.params.n if (req.params.n > 1 and not req.forked) else 1
+            sample_ids = (req.request_id,)
+            if req.params.n > 1 and not req.forked:  # the fork point: children sample too
+                for k in range(1, req.params.n):
+                    cid = child_request_id(req.request_id, k)
+                    self._new.append(NewRequestData(cid, req.params, req.child_seed(k)))
+                    sample_ids += (cid,)
         phase = ScheduledPhase.DECODE if decode else ScheduledPhase.PREFILL
-        self.log.add(RequestScheduled(self.step, req.request_id, n, phase, start))
+        self.log.add(RequestScheduled(self.log.step, req.request_id, n, phase, start))
         return ScheduledRequest(req.request_id, req.token_ids[start:end], start,
                                 self.kv.block_ids(req.request_id),
-                                self.kv.slot_mapping(req, start, end), samples, phase)
+                                self.kv.slot_mapping(req, start, end), sample_ids, phase)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
+        req.num_lost_tokens, req.num_computed_tokens = req.num_computed_tokens, 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
-        self.log.add(RequestPreempted(self.step, req.request_id))
+        self.log.add(RequestPreempted(self.log.step, req.request_id))
 
     def update_from_output(self, out: SchedulerOutput,
-                           sampled: dict[str, list[int]]) -> tuple[list[Request], list[Request]]:
-        """Append sampled tokens, fork ``n > 1`` requests, finish the done ones.
+                           model_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """Append sampled tokens, fork ``n > 1`` requests, finish the done ones, and
+        close the step (events logged from now on belong to the next one).
 
-        ``sampled[rid]`` holds ``num_samples`` tokens (sample k goes to fork child
-        k). Returns (new fork children, finished requests). The caller may still
-        finish requests (stop strings), then calls ``end_step``.
+        ``model_output.sampled`` holds a token for each id in a scheduled request's
+        ``sample_ids``; at a fork point, sample k's token goes to child k, made here.
+        Returns one entry per scheduled request (fork children included).
         """
         self.kv.step_computed()
-        children: list[Request] = []
+        step = self.log.step
+        outputs: list[EngineCoreOutput] = []
         finished: list[Request] = []
         for s in out.scheduled:
             req = self.requests.get(s.request_id)
             if req is None:  # aborted between schedule and update
                 continue
             req.num_computed_tokens += s.num_new_tokens
-            toks = sampled.get(s.request_id, [])
-            assert len(toks) == s.num_samples, (s.request_id, toks, s.num_samples)
-            group = [req]
+            if not s.sample_ids:
+                self.log.add(RequestProgress(step, req.request_id, req.num_tokens,
+                                             req.num_computed_tokens, ()))
+                outputs.append(self._core_output(req, None))
+                continue
+            samples = [req]
             if s.num_samples > 1:
                 req.forked = True
-                for k in range(1, s.num_samples):
+                for k, cid in enumerate(s.sample_ids[1:], start=1):
                     child = req.fork(k)
-                    self.requests[child.request_id] = child
+                    assert child.request_id == cid, (child.request_id, cid)
+                    self.requests[cid] = child
                     self.kv.fork(req, child)
                     bisect.insort(self.running, child, key=lambda r: r.sort_key)
-                    children.append(child)
-                    group.append(child)
-            for r, tok in zip(group, toks):
-                r.token_ids.append(tok)
-                self.log.add(RequestProgress(self.step, r.request_id, r.num_tokens,
-                                             r.num_computed_tokens, (tok,)))
-                if self._check_stop(r, tok):
+                    samples.append(child)
+            for r in samples:
+                tok = model_output.sampled[r.request_id]
+                r.append_output_token(tok.token_id)
+                self.log.add(RequestProgress(step, r.request_id, r.num_tokens,
+                                             r.num_computed_tokens, (tok.token_id,)))
+                if self._check_stop(r, tok.token_id):
                     finished.append(r)
-            if not toks:
-                self.log.add(RequestProgress(self.step, req.request_id, req.num_tokens,
-                                             req.num_computed_tokens, ()))
+                outputs.append(self._core_output(r, tok))
         for r in finished:
             self.finish_request(r.request_id, r.status)
-        return children, finished
+        self.log.step, self._open = step + 1, False  # close the step: the clock's only tick
+        return EngineCoreOutputs(step, out.timestamp, outputs)
 
-    def end_step(self) -> None:
-        """Close the step: events logged from now on belong to the next one."""
-        self.log.step = self.step + 1
+    @staticmethod
+    def _core_output(r: Request, tok) -> EngineCoreOutput:
+        done = r.status.is_finished
+        return EngineCoreOutput(
+            r.request_id, r.parent_id, r.sample_index, tok, r.output_token_ids,
+            r.status.finish_reason if done else None, r.stop_token if done else None,
+            r.num_prompt_tokens, r.num_cached_tokens, r.num_recomputed_tokens)
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params

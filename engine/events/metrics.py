@@ -37,6 +37,9 @@ Latency (seconds; observations the engine hands in for this step):
 - ``ttft_s``, ``itl_s``, ``e2e_s``: lists observed this step.
 - ``{ttft,itl,e2e}_{p50,p90,p99}_s``: percentiles over the run (linear interpolation
   between closest ranks, as numpy's default).
+Requests (the output processor's per-request figures, ``engine.events.request_stats``):
+``first_tokens`` and ``finished_requests``, the ``to_dict()`` of each FirstTokenStats /
+FinishedRequestStats of this step (empty lists when none).
 Throughput: ``num_output_tokens_step`` (tokens appended by request_progress),
 ``num_output_tokens`` (cumulative), ``output_throughput_tps`` (tokens/s): with the
 steps whose ts lies in [now − window, now], the tokens of all but the oldest of
@@ -54,6 +57,7 @@ from typing import Any
 
 from engine.events.event_counts import MISS_CAUSES, EventCounts
 from engine.events.pool_summary import PoolSummary
+from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
 from engine.events.types import Event
 
 __all__ = ["MISS_CAUSES", "LatencyObservations", "MetricsConfig", "MetricsTracker", "percentile"]
@@ -125,8 +129,11 @@ class MetricsTracker:
         self._window: deque[tuple[float, int]] = deque()  # (step ts, output tokens)
 
     def update(self, events: Iterable[Event], pool: PoolSummary, ts: float,
-               latencies: LatencyObservations | None = None) -> dict[str, Any]:
-        """Metrics of one step: its events, the pool after it, its end time ``ts``.
+               latencies: LatencyObservations | None = None,
+               first_tokens: Sequence[FirstTokenStats] = (),
+               finished_requests: Sequence[FinishedRequestStats] = ()) -> dict[str, Any]:
+        """Metrics of one step: its events, the pool after it, its end time ``ts``,
+        and the latencies and per-request figures the output processor measured.
 
         ``pool`` comes from ``Scheduler.pool_summary()`` (live),
         ``PoolState.summary()`` or ``PoolSnapshot.summary()``.
@@ -158,6 +165,8 @@ class MetricsTracker:
             for q in _PERCENTILES:
                 out[f"{name}_p{q}_s"] = percentile(samples, q)
 
+        out["first_tokens"] = [s.to_dict() for s in first_tokens]
+        out["finished_requests"] = [s.to_dict() for s in finished_requests]
         out["output_throughput_tps"] = self._throughput(ts, step.num_output_tokens)
         return out
 

@@ -2,20 +2,30 @@
 
 A backend owns the three paged-cache operations the forward pass needs: write the
 step's new K/V into their slots, attend through block tables, and copy whole blocks
-(copy-on-write). The torch backend runs `kernels.reference`; the Triton backend runs
-`kernels.{reshape_and_cache, paged_attention, copy_blocks}` (same signatures).
+(copy-on-write). The torch backend runs `kernels.torch_paged` (or the simple twins in
+`kernels.reference`); the Triton backend runs `kernels.triton_cache`,
+`kernels.triton_attention` and `kernels.triton_copy` (same signatures).
+
+Once per step the runner asks the backend to ``plan`` the step's metadata: whatever
+the backend works out from it (the torch path's decode groups and prefill chunks) is
+done there, once, and carried in ``AttentionMetadata.plan`` to every layer.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
+
+from kernels.reference import copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref
+from kernels.torch_paged import PagedPlan, build_plan, paged_attention_fast, reshape_and_cache_fast
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +39,10 @@ class AttentionMetadata:
     Written by the model runner, once per step; the forward pass only reads it.
     Semantics follow `kernels/reference.py`: sequence s owns query rows
     query_start_loc[s]:query_start_loc[s+1], and its context (cached prefix plus this
-    step's tokens) is seq_lens[s] long.
+    step's tokens) is seq_lens[s] long. The ``*_cpu`` twins are the host lists the
+    runner built the tensors from (None when built by hand), so a backend can plan
+    without reading the device back. ``plan`` is the backend's own per-step plan,
+    set by ``AttentionBackend.plan``.
     """
 
     slot_mapping: torch.Tensor  # int64 [T]; block_id * block_size + offset, < 0 = skip
@@ -38,6 +51,10 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # int32 [S + 1]; cumulative query lengths
     max_query_len: int
     max_seq_len: int
+    seq_lens_cpu: tuple[int, ...] | None = None
+    query_start_loc_cpu: tuple[int, ...] | None = None
+    all_slots_valid: bool | None = None  # True: no slot < 0 (None: unknown)
+    plan: PagedPlan | None = None  # the torch backend's; the Triton kernels need none
 
     def __post_init__(self) -> None:
         checks = [
@@ -83,6 +100,10 @@ class AttentionBackend(abc.ABC):
     def name(self) -> str:
         """Short name shown in logs and the dashboard ("torch" or "triton")."""
 
+    def plan(self, meta: AttentionMetadata, block_size: int) -> AttentionMetadata:
+        """The step's metadata with this backend's plan filled in (once per step)."""
+        return meta
+
     @abc.abstractmethod
     def write_kv(
         self,
@@ -90,9 +111,9 @@ class AttentionBackend(abc.ABC):
         value: torch.Tensor,  # [T, kv_heads, head_dim]
         key_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
         value_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,  # int64 [T]
+        meta: AttentionMetadata,
     ) -> None:
-        """Store the step's new K/V rows into their cache slots, in place."""
+        """Store the step's new K/V rows into their cache slots (``meta.slot_mapping``)."""
 
     @abc.abstractmethod
     def attend(
@@ -121,99 +142,98 @@ class TorchAttentionBackend(AttentionBackend):
     ``impl="fast"`` (default) runs `kernels.torch_paged`: decodes batched into one
     gather + two bmm, prefill chunks through SDPA. ``impl="reference"`` runs the simple
     per-sequence twin in `kernels.reference` (same results within fp32 rounding).
-    The fast path memoises its per-step plan on the metadata object it was built
-    from (every layer of a forward pass sees the same one), so one backend instance
-    serves one runner at a time.
+    The fast path's plan is built by ``plan`` once per step; metadata built by hand
+    without one (tests) is planned on each call.
     """
 
     def __init__(self, impl: Literal["fast", "reference"] = "fast") -> None:
         if impl not in ("fast", "reference"):
             raise ValueError(f"unknown torch attention impl {impl!r}; use fast or reference")
         self.impl = impl
-        self._plan_meta: AttentionMetadata | None = None  # the meta the plan was built from
-        self._plan = None
-        self._slots: torch.Tensor | None = None  # the slot_mapping _slots_valid describes
-        self._slots_valid = False
 
     @property
     def name(self) -> str:
         return "torch"
 
-    def write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+    def plan(self, meta: AttentionMetadata, block_size: int) -> AttentionMetadata:
         if self.impl == "reference":
-            from kernels.reference import reshape_and_cache_ref
+            return meta
+        seq_lens = meta.seq_lens_cpu if meta.seq_lens_cpu is not None else meta.seq_lens
+        starts = meta.query_start_loc_cpu if meta.query_start_loc_cpu is not None else meta.query_start_loc
+        return dataclasses.replace(meta, plan=build_plan(meta.block_tables, seq_lens, starts, block_size))
 
-            reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+    def write_kv(self, key, value, key_cache, value_cache, meta) -> None:
+        if self.impl == "reference":
+            reshape_and_cache_ref(key, value, key_cache, value_cache, meta.slot_mapping)
             return
-        from kernels.torch_paged import reshape_and_cache_fast
-
-        if slot_mapping is not self._slots:
-            self._slots, self._slots_valid = slot_mapping, bool((slot_mapping >= 0).all())
-        reshape_and_cache_fast(key, value, key_cache, value_cache, slot_mapping,
-                               all_valid=self._slots_valid)
+        reshape_and_cache_fast(key, value, key_cache, value_cache, meta.slot_mapping,
+                               all_valid=meta.all_slots_valid)
 
     def attend(self, query, key_cache, value_cache, meta, scale) -> torch.Tensor:
         if self.impl == "reference":
-            from kernels.reference import paged_attention_ref
-
             return paged_attention_ref(
                 query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
                 meta.query_start_loc, scale,
             )
-        from kernels.torch_paged import build_plan, paged_attention_fast
-
-        if meta is not self._plan_meta:
-            self._plan = build_plan(meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                    key_cache.shape[1])
-            self._plan_meta = meta
-        return paged_attention_fast(
+        return paged_attention_fast(  # plan None (metadata built by hand): planned per call
             query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
-            meta.query_start_loc, scale, plan=self._plan,
+            meta.query_start_loc, scale, plan=meta.plan,
         )
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
-        from kernels.reference import copy_blocks_ref
-
         copy_blocks_ref(key_caches, value_caches, block_mapping)
 
 
+@dataclass(frozen=True, slots=True)
+class _TritonKernels:
+    reshape_and_cache: Callable
+    paged_attention: Callable
+    copy_blocks: Callable
+
+
 class TritonAttentionBackend(AttentionBackend):
-    """Triton paged kernels; on CPU they run in Triton's interpreter (slow, exact)."""
+    """Triton paged kernels; on CPU they run in Triton's interpreter (slow, exact).
+
+    The kernel modules are imported on first use, not at construction: importing
+    triton fixes TRITON_INTERPRET for the whole process, and ``select_backend`` must
+    be able to set it first (or refuse).
+    """
 
     def __init__(self) -> None:
-        self._kernels: dict[str, Callable] = {}
+        self._ops: _TritonKernels | None = None
 
     @property
     def name(self) -> str:
         return "triton"
 
-    def _kernel(self, name: str) -> Callable:
-        # Imported on first use: the kernels package (and triton) may be absent or
-        # still being written, and importing triton fixes TRITON_INTERPRET for good.
-        if name not in self._kernels:
-            import kernels
-
+    @property
+    def kernels(self) -> _TritonKernels:
+        if self._ops is None:
             try:
-                self._kernels[name] = getattr(kernels, name)
-            except (AttributeError, ImportError) as exc:
+                from kernels.triton_attention import paged_attention
+                from kernels.triton_cache import reshape_and_cache
+                from kernels.triton_copy import copy_blocks
+            except ImportError as exc:
                 raise RuntimeError(
-                    f"kernels.{name} is not available ({exc}); use the torch attention backend"
-                ) from exc
-        return self._kernels[name]
+                    f"the Triton kernels (kernels.triton_cache.reshape_and_cache, "
+                    f"kernels.triton_attention.paged_attention, kernels.triton_copy.copy_blocks) "
+                    f"are not available ({exc}); use the torch attention backend") from exc
+            self._ops = _TritonKernels(reshape_and_cache, paged_attention, copy_blocks)
+        return self._ops
 
-    def write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        self._kernel("reshape_and_cache")(key, value, key_cache, value_cache, slot_mapping)
+    def write_kv(self, key, value, key_cache, value_cache, meta) -> None:
+        self.kernels.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping)
 
     def attend(self, query, key_cache, value_cache, meta, scale) -> torch.Tensor:
         # The max lengths are host-side hints: with them the kernel never syncs.
-        return self._kernel("paged_attention")(
+        return self.kernels.paged_attention(
             query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
             meta.query_start_loc, scale,
             max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
         )
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
-        self._kernel("copy_blocks")(key_caches, value_caches, block_mapping)
+        self.kernels.copy_blocks(key_caches, value_caches, block_mapping)
 
 
 def select_backend(name: BackendName, device: torch.device | str) -> AttentionBackend:

@@ -103,7 +103,7 @@ class LlamaDecoderLayer(nn.Module):
         k = RotaryEmbedding.apply(k.view(T, d.num_kv_heads, d.head_dim), cos, sin)
         v = v.reshape(T, d.num_kv_heads, d.head_dim).contiguous()
         key_cache, value_cache = kv_cache
-        backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        backend.write_kv(k, v, key_cache, value_cache, meta)
         attn = backend.attend(q, key_cache, value_cache, meta, self.scale)  # [T, heads, hd]
         h = h + self.o_proj(attn.reshape(T, q_size))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)

@@ -96,7 +96,7 @@ class OPTDecoderLayer(nn.Module):
         k = k.reshape(T, d.num_heads, d.head_dim).contiguous()
         v = v.reshape(T, d.num_heads, d.head_dim).contiguous()
         key_cache, value_cache = kv_cache
-        backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        backend.write_kv(k, v, key_cache, value_cache, meta)
         attn = backend.attend(q, key_cache, value_cache, meta, 1.0)  # [T, heads, hd]
         h = h + self.out_proj(attn.reshape(T, d.hidden))
         if not d.pre_ln:

@@ -1,9 +1,13 @@
 """Token sampling from logits with per-row temperature, top-k, top-p, min-p and seeds.
 
 Reproducibility: each seeded request owns a torch.Generator (made once by
-`make_generator` and kept by the runner for the request's lifetime), and its row draws
-its noise only from that generator. So a request's tokens do not depend on which other
-requests share the batch.
+`row_sampling` when the request first reaches the runner, and kept by the runner until
+the request finishes), and its row draws its noise only from that generator. So a
+request's tokens do not depend on which other requests share the batch.
+
+"Greedy" is `engine.core.sampling_params.is_greedy` (defined once, there). The
+per-row filter decisions are made from the host-side settings, so sampling a step
+costs no device-to-host sync apart from reading back the sampled ids.
 
 Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) picks index i with
 probability p_i, so noise can be drawn per row from that row's generator.
@@ -16,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-_GREEDY_EPS = 1e-5  # temperatures below this mean argmax
+from engine.core.sampling_params import SamplingParams, is_greedy
 
 
 @dataclass(slots=True)
@@ -44,7 +48,7 @@ class RowSampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < _GREEDY_EPS
+        return is_greedy(self.temperature)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,26 +65,34 @@ class SamplerOutput:
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator seeded for one request; keep it for the request's lifetime.
-
-    `device` must be the device the logits live on.
+    """A generator seeded for one request (``0 <= seed < 2**64``); keep it for the
+    request's lifetime. `device` must be the device the logits live on.
     """
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return gen
 
 
+def row_sampling(params: SamplingParams, seed: int, device: torch.device | str) -> RowSampling:
+    """One request's sampling state: its settings and, unless greedy, its own generator."""
+    gen = None if params.greedy else make_generator(seed, device)
+    return RowSampling(params.temperature, params.top_p, params.top_k, params.min_p,
+                       params.logprobs, gen)
+
+
 def _filter(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
     """Mask tokens outside each row's top-k / top-p / min-p with -inf. [R, V]"""
     R, V = logits.shape
     dev = logits.device
-    top_k = torch.tensor([r.top_k if r.top_k > 0 else V for r in rows], device=dev)
-    top_p = torch.tensor([r.top_p for r in rows], device=dev, dtype=logits.dtype)
-    min_p = torch.tensor([r.min_p for r in rows], device=dev, dtype=logits.dtype)
-    if bool((top_k < V).any()) or bool((top_p < 1).any()):
+    # top_k beyond the vocabulary means "off"; clamping on the host keeps huge values
+    # out of the int64 tensor (the engine also refuses top_k > vocab at admission)
+    ks = [r.top_k if 0 < r.top_k < V else V for r in rows]
+    if any(k < V for k in ks) or any(r.top_p < 1 for r in rows):
+        top_k = torch.tensor(ks, device=dev)
+        top_p = torch.tensor([r.top_p for r in rows], device=dev, dtype=logits.dtype)
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # [R, V]
         rank = torch.arange(V, device=dev).expand(R, V)
-        drop = rank >= top_k[:, None].clamp(max=V)
+        drop = rank >= top_k[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         probs = sorted_logits.softmax(dim=-1)
         # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass
@@ -90,7 +102,8 @@ def _filter(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
         drop[:, 0] = False
         mask = torch.zeros_like(drop).scatter(-1, order, drop)
         logits = logits.masked_fill(mask, float("-inf"))
-    if bool((min_p > 0).any()):
+    if any(r.min_p > 0 for r in rows):
+        min_p = torch.tensor([r.min_p for r in rows], device=dev, dtype=logits.dtype)
         probs = logits.softmax(dim=-1)
         floor = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
         logits = logits.masked_fill(probs < floor, float("-inf"))

@@ -20,7 +20,7 @@ Modules:
 - ``step_history``: recent steps of the live run, and the answer to ``steps_since``.
 - ``http``: ``/healthz``, ``/metrics`` and the auth/loading gate of the handshake.
 - ``health``: loading → ready → stopping, as ``/healthz`` reports it.
-- ``prom``: the Prometheus registry (vLLM names).
+- ``prom``: the Prometheus registry (vLLM's names and labels); ``metrics``: its families.
 - ``security``: bind policy and token checks.
 - ``app``: ``KVScopeServer`` and ``ServerOptions``: assemble, run, shut down.
 - ``commands``: ``kvscope serve``.

@@ -56,8 +56,16 @@ class ServerOptions:
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
     ping_interval: float | None = 20.0
     engine_factory: EngineFactory | None = None  # tests: control how (and when) the engine loads
+    # vLLM's --served-model-name: the names the API answers to; the first labels the
+    # metrics (model_name). Empty: the model's name (--model), as in vLLM.
+    served_model_name: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        names = self.served_model_name
+        names = (names,) if isinstance(names, str) else names
+        if not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"served_model_name must be non-empty names, got {self.served_model_name!r}")
+        object.__setattr__(self, "served_model_name", tuple(names))
         for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer",
                      "step_history"):
             v = getattr(self, name)
@@ -66,6 +74,11 @@ class ServerOptions:
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port!r}")
         check_bind(self.host, self.allow_remote, self.token)
+
+    @property
+    def model_name(self) -> str:
+        """The served model name: the first --served-model-name, else --model."""
+        return self.served_model_name[0] if self.served_model_name else self.engine.model
 
     def limits(self) -> dict[str, Any]:
         """The bounds a client may want to know (sent in ``hello.limits``)."""
@@ -80,7 +93,7 @@ class KVScopeServer:
         self.options = options
         self.port: int | None = None
         self.board = HealthBoard(options.engine.model)
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(options.model_name)
         self.metrics.watch_config(lambda: self.board.current.config)
         self.mailbox = Mailbox(options.max_pending_ops)
         self.hub = Hub(self.mailbox, self.metrics,

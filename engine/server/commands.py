@@ -30,6 +30,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                                               "or data/runs.sqlite)")
     g.add_argument("--no-record", dest="record", action="store_false", help="do not record the run")
     g.add_argument("--label", default=None, help="label of the recorded run")
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model name(s) the API answers to, as in vLLM; the first one is the "
+                        "model_name label of /metrics (default: --model)")
     g.add_argument("--allow-remote", action="store_true",
                    help=f"allow a non-loopback --host (clients must present {TOKEN_ENV})")
     g.add_argument("--max-queue", type=int, default=256,
@@ -61,7 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              label=args.label, allow_remote=args.allow_remote,
                              token=os.environ.get(TOKEN_ENV) or None,
                              max_frame_bytes=args.max_frame_bytes,
-                             max_in_flight_per_conn=args.max_in_flight, step_buffer=args.step_buffer)
+                             max_in_flight_per_conn=args.max_in_flight, step_buffer=args.step_buffer,
+                             served_model_name=tuple(args.served_model_name or ()))
     except (BindRefused, KVScopeError, ValueError) as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2

@@ -44,6 +44,7 @@ from engine.server.mailbox import (
 from engine.server.output_messages import finished_fields
 from engine.server.request_book import MAX_N, RequestBook
 from engine.server.sink import Sink, SinkItem
+from engine.startup import build_engine
 from engine.store.db import new_run_id
 
 log = logging.getLogger("kvscope.server")
@@ -66,7 +67,7 @@ class EngineWorker(threading.Thread):
         self.recorder = recorder
         self.label = label
         self.limits = dict(limits or {})
-        self.engine_factory = engine_factory or LLMEngine
+        self.engine_factory = engine_factory or build_engine
         self.engine: LLMEngine | None = None
         self.run_id: str | None = None
         self.book = RequestBook(max_in_flight_per_sink, max_n)

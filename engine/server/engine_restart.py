@@ -13,7 +13,7 @@ from typing import Any
 from engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from engine.core import ConfigError
 from engine.llm_engine import LLMEngine
-from engine.startup import build_engine_parts
+from engine.startup import build_engine
 
 
 def rebuild_engine(old: LLMEngine, options: dict[str, Any]) -> LLMEngine:
@@ -24,7 +24,7 @@ def rebuild_engine(old: LLMEngine, options: dict[str, Any]) -> LLMEngine:
     # Reuse the loaded weights: only the pool and the scheduler change. The new
     # pool is allocated before the old one is dropped, so a bad config leaves
     # the old engine serving (at the price of both pools for a moment).
-    return LLMEngine(cfg, build_engine_parts(cfg, loaded=old.parts.loaded))
+    return build_engine(cfg, loaded=old.parts.loaded)
 
 
 def check_restart(cfg: EngineConfig, old: LLMEngine) -> None:

@@ -146,6 +146,7 @@ class Hub:
                 self._broadcast_step(d)
             elif isinstance(d, NewRun):
                 self.history.new_run(d.hello.run_id)
+                self.metrics.start_run(d.hello.config)
                 for conn in list(self.conns.values()):
                     if conn.attached:
                         conn.rebase(d.hello, d.snapshot)
@@ -153,7 +154,7 @@ class Hub:
                 raise TypeError(f"unknown delivery {d!r}")
 
     def _broadcast_step(self, d: StepOut) -> None:
-        self.metrics.observe_step(d.record.metrics)
+        self.metrics.observe_step(d.record)
         self.history.append(d.run_id, d.record)
         if not self.conns:
             return

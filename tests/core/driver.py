@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from engine.core import CacheConfig, Request, SamplingParams, Scheduler, SchedulerConfig
+from engine.core import (
+    CacheConfig, ModelRunnerOutput, Request, SampledToken, SamplingParams, Scheduler, SchedulerConfig,
+)
 
 
 def make_scheduler(block_size=4, num_blocks=16, max_model_len=64, budget=64, max_num_seqs=8,
@@ -21,17 +23,32 @@ def req(rid: str, tokens, max_tokens=4, n=1, eos=(), **kw) -> Request:
 
 
 def fake_token(request_id: str, k: int, position: int) -> int:
-    """Deterministic token for sample k of a request at a position (vocab 1000..1999)."""
-    return 1000 + (sum(map(ord, request_id.split("#")[0])) * 31 + k * 7 + position * 13) % 1000
+    """Deterministic token for sample k of a request at a position (vocab 1000..1999).
+    ``request_id`` is the user's id (a fork's parent), so samples differ only by k."""
+    return 1000 + (sum(map(ord, request_id)) * 31 + k * 7 + position * 13) % 1000
+
+
+def tokens(mapping: dict[str, int]) -> ModelRunnerOutput:
+    """A runner output sampling ``mapping[rid]`` for each id."""
+    return ModelRunnerOutput({rid: SampledToken(t) for rid, t in mapping.items()})
 
 
 def step(s: Scheduler):
-    """One schedule → update round; returns (output, children, finished)."""
+    """One schedule → update round; returns (output, new fork children, finished requests)."""
     out = s.schedule()
-    sampled = {x.request_id: [fake_token(x.request_id, k, x.seq_len) for k in range(x.num_samples)]
-               for x in out.scheduled}
-    children, finished = s.update_from_output(out, sampled)
-    s.end_step()
+    known = dict(s.requests)
+    sampled = {}
+    for x in out.scheduled:
+        r = s.requests[x.request_id]
+        user_id = r.parent_id or r.request_id
+        for k, sid in enumerate(x.sample_ids):
+            sampled[sid] = fake_token(user_id, k, x.seq_len)
+    core = s.update_from_output(out, tokens(sampled))
+    for o in core.outputs:  # a fork child finished in its first step is gone already
+        known.setdefault(o.request_id, s.requests.get(o.request_id))
+    children = [known[o.request_id] for o in core.outputs
+                if o.sample_index > 0 and o.request_id not in {x.request_id for x in out.scheduled}]
+    finished = [known[o.request_id] for o in core.outputs if o.finish_reason is not None]
     return out, children, finished
 
 

@@ -3,7 +3,7 @@
 from engine.core import EventLog, KVCacheManager, CacheConfig, RequestStatus
 from engine.events.types import BlockEvicted, CowCopy, PrefixCacheReset
 
-from tests.core.driver import make_scheduler, req, run_all, step
+from tests.core.driver import make_scheduler, req, run_all, step, tokens
 
 
 def refs(s):
@@ -197,5 +197,5 @@ def test_a_failed_forward_forgets_the_hashes_it_never_computed():
     assert s.log.counts.num_rollback_evictions == 2
     # nothing is left to forget once a step's forward has run
     s.add_request(req("c", range(40, 50), max_tokens=1))
-    s.update_from_output(s.schedule(), {"b": [1], "c": [1]})
+    s.update_from_output(s.schedule(), tokens({"b": 1, "c": 1}))
     assert s.kv.uncache_uncomputed() == 0

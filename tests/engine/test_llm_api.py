@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.core import KVCacheTooSmallError, PromptTooLongError
+from engine.core import KVCacheTooSmallError, PromptTooLongError, child_request_id
 
 PROMPT = list(range(40, 58))  # 18 tokens: block 4 leaves a partial last block
 
@@ -56,7 +56,7 @@ def test_fork_tables_share_every_block_right_after_the_fork(llm):
     rid = eng.add_request(PROMPT, SamplingParams(temperature=1.0, n=3, max_tokens=4, seed=1))
     eng.step()  # prefill + fork
     snap = eng.snapshot()
-    tables = [snap.requests[r].block_table for r in (rid, f"{rid}#1", f"{rid}#2")]
+    tables = [snap.requests[r].block_table for r in (rid, child_request_id(rid, 1), child_request_id(rid, 2))]
     assert tables[0] == tables[1] == tables[2] and len(tables[0]) == 5
     assert [snap.blocks[b].ref_count for b in tables[0]] == [3] * 5
     while eng.has_unfinished_requests():

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from kernels import copy_blocks, copy_blocks_ref
+from kernels import copy_blocks_ref
+from kernels.triton_copy import copy_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

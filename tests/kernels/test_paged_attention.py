@@ -8,7 +8,8 @@ GQA ratio (1, 3, 4) without the full cartesian product.
 import pytest
 import torch
 
-from kernels import paged_attention, paged_attention_ref
+from kernels import paged_attention_ref
+from kernels.triton_attention import paged_attention
 from kernels.triton_decode import decode_num_splits, decode_tile_n, launch_paged_decode
 from kernels.triton_prefill import launch_paged_prefill
 from tests.kernels.paged_batch import make_batch

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from kernels import reshape_and_cache, reshape_and_cache_ref
+from kernels import reshape_and_cache_ref
+from kernels.triton_cache import reshape_and_cache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -64,8 +64,8 @@ class Gate:
         self.event.set()
 
     def __call__(self, cfg):
-        from engine.llm_engine import LLMEngine
+        from engine.startup import build_engine
 
         if not self.event.wait(60):
             raise TimeoutError("gate never opened")
-        return LLMEngine(cfg)
+        return build_engine(cfg)

@@ -207,7 +207,7 @@ class _FakeWs:
 
 def _hub_and_conn():
     mailbox = Mailbox(max_ops=16)
-    hub = Hub(mailbox, ServerMetrics(), HubLimits())
+    hub = Hub(mailbox, ServerMetrics("tiny"), HubLimits())
     conn = ClientConn(mailbox.new_sink_id(), _FakeWs(), Outbox(8, 64), hub.metrics)
     return hub, mailbox, conn
 

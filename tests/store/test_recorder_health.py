@@ -122,11 +122,11 @@ def test_board_is_degraded_only_when_ready_and_the_recorder_has_a_problem(status
 
 def test_metrics_read_the_recorder_at_scrape_time():
     state = {"h": OK}
-    m = ServerMetrics()
+    m = ServerMetrics("tiny")
     m.watch_recorder(lambda: state["h"])
 
     def scrape():
-        return {line.split()[0]: float(line.split()[1]) for line in m.render().decode().splitlines()
+        return {line.split("{")[0]: float(line.split()[-1]) for line in m.render().decode().splitlines()
                 if line.startswith("kvscope_recorder_")}
 
     assert scrape() == {

@@ -3,9 +3,10 @@ database shows in /healthz (degraded) and /metrics while serving goes on."""
 
 import json
 
-from engine.core.ids import RequestIdError
-from engine.llm_engine import LLMEngine
 from engine.client.client import KVScopeClient
+from engine.config import EngineConfig
+from engine.core.ids import RequestIdError
+from engine.startup import build_engine
 from engine.store import RunStore
 from tests.server.conftest import ENGINE, db_path, make_server, tiny_llama  # noqa: F401 (fixtures)
 from tests.server.helpers import GREEDY, healthz, http_get, raw, recv_until, send
@@ -14,7 +15,7 @@ from tests.store.helpers import wait_until
 
 def recorder_metrics(port):
     text = http_get(port, "/metrics")[1]
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+    return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
             if line.startswith("kvscope_recorder_")}
 
 
@@ -42,7 +43,7 @@ def test_lone_surrogate_id_is_refused_and_the_run_records_to_the_end(make_server
 
 
 def test_the_engine_refuses_a_bad_id_from_the_python_api(tiny_llama):
-    eng = LLMEngine.from_args(model=tiny_llama, **ENGINE)
+    eng = build_engine(EngineConfig(model=tiny_llama, **ENGINE))
     for rid in ("x\ud800", "", "a#1", "a" * 129):
         try:
             eng.add_request("hi", request_id=rid)
@@ -50,7 +51,7 @@ def test_the_engine_refuses_a_bad_id_from_the_python_api(tiny_llama):
             assert "request_id" in str(exc)
         else:
             raise AssertionError(f"{rid!r} was accepted")
-    assert not eng.has_unfinished_requests() and not eng.groups
+    assert not eng.has_unfinished_requests() and not eng.output_processor.requests
     assert eng.add_request("hi", request_id="cmpl-1") == "cmpl-1"
     assert eng.add_request("hi") == "req-0"
 
