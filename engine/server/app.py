@@ -54,6 +54,7 @@ class ServerOptions:
     max_pending_ops: int = 1024  # client ops queued for the engine thread, all connections
     step_buffer: int = 256
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
+    max_outbox_bytes: int = 64 << 20  # unsent bytes per connection before it is closed (slow_client)
     ping_interval: float | None = 20.0
     engine_factory: EngineFactory | None = None  # tests: control how (and when) the engine loads
     # vLLM's --served-model-name: the names the API answers to; the first labels the
@@ -67,7 +68,7 @@ class ServerOptions:
             raise ValueError(f"served_model_name must be non-empty names, got {self.served_model_name!r}")
         object.__setattr__(self, "served_model_name", tuple(names))
         for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer",
-                     "step_history"):
+                     "step_history", "max_outbox_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -85,7 +86,7 @@ class ServerOptions:
         return {"max_frame_bytes": self.max_frame_bytes,
                 "max_in_flight_per_connection": self.max_in_flight_per_conn,
                 "max_queue": self.engine.max_waiting, "step_buffer": self.step_buffer,
-                "max_n": MAX_N}
+                "max_outbox_bytes": self.max_outbox_bytes, "max_n": MAX_N}
 
 
 class KVScopeServer:
@@ -95,9 +96,11 @@ class KVScopeServer:
         self.board = HealthBoard(options.engine.model)
         self.metrics = ServerMetrics(options.model_name)
         self.metrics.watch_config(lambda: self.board.current.config)
+        self.metrics.watch_faults(lambda: self.board.faults)
         self.mailbox = Mailbox(options.max_pending_ops)
         self.hub = Hub(self.mailbox, self.metrics,
-                       HubLimits(options.max_frame_bytes, options.step_buffer, options.step_history))
+                       HubLimits(options.max_frame_bytes, options.step_buffer, options.step_history,
+                                 options.max_outbox_bytes))
         self.recorder: Any = None
         self.worker: EngineWorker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -179,11 +179,12 @@ class EngineWorker(threading.Thread):
         """
         engine = self.engine
         sched = engine.scheduler
-        batch = [r.request_id for r in sched.running] or [r.request_id for r in list(sched.waiting)[:1]]
-        if not batch:
+        held = list(sched.running) or list(sched.waiting)[:1]
+        if not held:
             raise exc
         sched.kv.uncache_uncomputed()  # idempotent: a fault after the forward finds nothing to undo
-        rids = list(dict.fromkeys(core_id.split("#", 1)[0] for core_id in batch))  # fork samples: rid#k
+        batch = [r.request_id for r in held]
+        rids = list(dict.fromkeys(r.parent_id or r.request_id for r in held))  # a fork's samples: one request
         detail = f"{type(exc).__name__}: {exc}"
         log.error("kvscope: engine step failed (%s); failing its %d request(s) %s",
                   detail, len(rids), rids[:8], exc_info=exc)
@@ -276,10 +277,13 @@ class EngineWorker(threading.Thread):
             return
         hello = self._hello()
         snap = Snapshot(self._last_seq, self.engine.snapshot(), dict(self.engine.last_metrics))
+        answered: set[int] = set()  # a sink's requests of one round get one snapshot
         for letter in self._want_snapshot:
             if isinstance(letter.command, Attach):
                 self._reply(letter.sink, hello)
-            self._reply(letter.sink, snap)
+            if letter.sink is not None and letter.sink.id not in answered:
+                answered.add(letter.sink.id)
+                self._reply(letter.sink, snap)
         self._want_snapshot.clear()
 
     def _hello(self) -> Hello:

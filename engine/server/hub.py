@@ -30,7 +30,7 @@ from engine.server.mailbox import Attach, Delivery, Detach, Mailbox, NewRun, Rep
 from engine.server.outbox import Outbox
 from engine.server.prom import ServerMetrics
 from engine.server.step_history import StepHistory
-from engine.server.ws_connection import ClientConn
+from engine.server.ws_connection import ClientConn, SharedFrames
 
 log = logging.getLogger("kvscope.server")
 
@@ -40,7 +40,9 @@ class HubLimits:
     max_frame_bytes: int = 1 << 20  # a prompt of ~250k tokens of text fits; a bigger frame is a bug
     step_buffer: int = 256  # unsent step messages per client before dropping (≈ seconds of steps)
     step_history: int = 1024  # steps kept for steps_since; older ones come from the recording
-    max_replies: int = 100_000  # unsent replies before a client is deemed dead (last resort)
+    # Unsent bytes (replies and steps) per connection before it is closed as not
+    # reading: room for a snapshot of a 131k-block pool (~12 MB) several times over.
+    max_outbox_bytes: int = 64 << 20
     # Kernel send buffer per connection. Linux autotunes it up to 4 MiB on loopback,
     # which would let a stalled client lag by thousands of steps inside the kernel
     # before the outbox bound (the part we control and count) kicks in.
@@ -56,10 +58,14 @@ class Hub:
         self.history = StepHistory(limits.step_history)
         self.stopping = False
         self._tasks: set[asyncio.Task] = set()  # steps_since answers in progress
-        metrics.watch_hub(lambda: len(self.conns), self.max_outbox_steps)
+        self.frames = SharedFrames()  # one encoding per batch of a message many get
+        metrics.watch_hub(lambda: len(self.conns), self.max_outbox_steps, self.max_outbox_bytes)
 
     def max_outbox_steps(self) -> int:
         return max((c.outbox.num_steps for c in self.conns.values()), default=0)
+
+    def max_outbox_bytes(self) -> int:
+        return max((c.outbox.num_bytes for c in self.conns.values()), default=0)
 
     def pending_replies(self) -> int:
         return sum(c.outbox.num_replies for c in self.conns.values())
@@ -69,7 +75,8 @@ class Hub:
     async def handle(self, ws: ServerConnection) -> None:
         """websockets' connection handler: runs for the life of one connection."""
         conn = ClientConn(self.mailbox.new_sink_id(), ws,
-                          Outbox(self.limits.step_buffer, self.limits.max_replies), self.metrics)
+                          Outbox(self.limits.step_buffer, self.limits.max_outbox_bytes), self.metrics,
+                          frames=self.frames)
         sock = ws.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.socket_send_buffer)
@@ -136,6 +143,12 @@ class Hub:
 
     def deliver(self, batch: list[Delivery]) -> None:
         """Apply one batch from the engine thread (called on the loop, in order)."""
+        try:
+            self._deliver(batch)
+        finally:
+            self.frames.clear()
+
+    def _deliver(self, batch: list[Delivery]) -> None:
         for d in batch:
             if isinstance(d, Reply):
                 try:
