@@ -19,6 +19,7 @@ class ErrorCode:
     BAD_REQUEST = "bad_request"            # missing/ill-typed fields, bad token ids, ...
     BAD_PARAMS = "bad_params"              # sampling params invalid or out of range
     PROMPT_TOO_LONG = "prompt_too_long"
+    PROMPT_TOO_LARGE = "prompt_too_large"  # more bytes than any prompt that fits (not tokenized)
     QUEUE_FULL = "queue_full"              # the engine's waiting queue is full
     BUSY = "busy"                          # the engine thread's command queue is full
     TOO_MANY_IN_FLIGHT = "too_many_in_flight"  # this connection's in-flight limit
@@ -26,7 +27,7 @@ class ErrorCode:
     UNKNOWN_REQUEST = "unknown_request"    # abort of a request this connection does not own
     UNKNOWN_RUN = "unknown_run"            # steps_since for a run neither live nor recorded
     BAD_CONFIG = "bad_config"              # restart options rejected; the old engine keeps serving
-    SLOW_CLIENT = "slow_client"            # replies piled up past the bound; connection closed
+    SLOW_CLIENT = "slow_client"            # unsent frames past the byte bound; connection closed
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"                  # an engine fault; the request was aborted
 

@@ -100,7 +100,7 @@ class KVScopeServer:
         self.mailbox = Mailbox(options.max_pending_ops)
         self.hub = Hub(self.mailbox, self.metrics,
                        HubLimits(options.max_frame_bytes, options.step_buffer, options.step_history,
-                                 options.max_outbox_bytes))
+                                 options.max_outbox_bytes, max_in_flight=options.max_in_flight_per_conn))
         self.recorder: Any = None
         self.worker: EngineWorker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -220,6 +220,7 @@ class KVScopeServer:
             self.mailbox.send_lifecycle(None, Shutdown())
             if self.board.current.status is not Status.LOADING:
                 await asyncio.to_thread(worker.join, 30.0)
+        self.hub.close()
         deadline = time.monotonic() + 1.0  # let final replies (finished/abort) reach clients
         while self.hub.pending_replies() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)

@@ -33,15 +33,16 @@ from engine.events.step import StepRecord
 from engine.events.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.protocol.errors import ErrorCode
+from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Hello, Ok, Snapshot
 from engine.protocol.ops import Abort, ResetPrefixCache, Restart, Submit, TakeSnapshot
 from engine.server.engine_restart import rebuild_engine
 from engine.server.health import Health, HealthBoard, ProgressCapture, Status
 from engine.server.mailbox import (
-    Attach, Delivery, Detach, Letter, Mailbox, NewRun, Reply, Shutdown, StepOut,
+    Attach, Delivery, Detach, Letter, Mailbox, NewRun, Prepared, Reply, Shutdown, StepOut,
 )
 from engine.server.output_messages import finished_fields
+from engine.server.prompt_prep import PromptPrep
 from engine.server.request_book import MAX_N, RequestBook
 from engine.server.sink import Sink, SinkItem
 from engine.startup import build_engine
@@ -74,6 +75,7 @@ class EngineWorker(threading.Thread):
         self._last_seq = -1
         self._out: list[Delivery] = []
         self._want_snapshot: list[Letter] = []  # Attach and TakeSnapshot letters
+        self.prep: PromptPrep | None = None  # the current engine's, also handed to the front doors
         self.stop_requested = threading.Event()  # set by the app before it sends Shutdown
 
     # ---- lifecycle ---------------------------------------------------------------
@@ -115,7 +117,8 @@ class EngineWorker(threading.Thread):
         else:  # not recorded, but a new run still needs a new id (clients key on it)
             self.run_id = new_run_id()
         engine.step_listeners.append(self._on_step)
-        self._out.append(NewRun(self._hello(), Snapshot(-1, engine.snapshot(), {})))
+        self.prep = PromptPrep.of(engine, self.prep)
+        self._out.append(NewRun(self._hello(), Snapshot(-1, engine.snapshot(), {}), self.prep))
         self.board.set(Health(Status.READY, "ready", self.run_id, engine.spec.name, config))
         log.info("kvscope: engine ready (run %s, %d blocks x %d tokens)", self.run_id,
                  config["num_blocks"], config["block_size"])
@@ -191,8 +194,9 @@ class EngineWorker(threading.Thread):
         for rid in rids:
             owned = self.book.get(rid)
             if owned is not None:
+                # no op: this answers no op (its submit was accepted); its finished follows
                 self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this request "
-                                              f"failed ({detail}); the request was aborted", rid, "submit"))
+                                              f"failed ({detail}); the request was aborted", rid))
             try:
                 self._abort(rid)
             except Exception:
@@ -209,7 +213,7 @@ class EngineWorker(threading.Thread):
         sink, cmd = letter.sink, letter.command
         if isinstance(cmd, (Attach, TakeSnapshot)):
             self._want_snapshot.append(letter)  # answered after the step, when no event is pending
-        elif isinstance(cmd, Submit):
+        elif isinstance(cmd, (Submit, Prepared)):
             self._submit(sink, cmd)
         elif isinstance(cmd, Abort):
             owned = self.book.get(cmd.request_id)
@@ -236,25 +240,35 @@ class EngineWorker(threading.Thread):
         if sink is not None:
             self._out.append(Reply(sink, item))
 
-    def _submit(self, sink: Sink, cmd: Submit) -> None:
-        rid = cmd.request_id or self.book.name(sink)
-        refusal = self.book.refuse(sink, rid, cmd.params)
+    def _submit(self, sink: Sink, cmd: Submit | Prepared) -> None:
+        """Enter a submit. A ``Prepared`` one was checked and tokenized by its front door
+        (off this thread); a plain ``Submit`` (a front door that does not prepare) gets
+        the same checks here, from the same PromptPrep."""
+        op = cmd.submit if isinstance(cmd, Prepared) else cmd
+        rid = op.request_id or self.book.name(sink)
+        refusal = self.book.refuse(sink, rid, op.params)
         if refusal is not None:
             self._reply(sink, refusal)
             return
+        if not isinstance(cmd, Prepared):
+            try:
+                cmd = self.prep.prepare(op)
+            except ProtocolError as exc:
+                self._reply(sink, Error(exc.code, exc.message, rid, op.type))
+                return
         try:
-            self.engine.add_request(prompt=cmd.prompt, params=cmd.params, request_id=rid,
-                                    messages=cmd.messages)
+            self.engine.add_request(prompt=op.prompt, params=op.params, request_id=rid,
+                                    messages=op.messages, tokenized=(cmd.text, cmd.token_ids))
         except KVScopeError as exc:
             code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
                     ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else
                     ErrorCode.BAD_PARAMS if isinstance(exc, SamplingParamsError) else ErrorCode.BAD_REQUEST)
-            self._reply(sink, Error(code, str(exc), rid, cmd.type))
+            self._reply(sink, Error(code, str(exc), rid, op.type))
             return
-        except Exception as exc:  # e.g. a chat template that rejects these messages
-            self._reply(sink, Error(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, cmd.type))
+        except Exception as exc:  # nothing known raises here now; never fatal if something does
+            self._reply(sink, Error(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, op.type))
             return
-        self.book.add(rid, sink, cmd.params.to_dict())
+        self.book.add(rid, sink, op.params.to_dict())
         self._reply(sink, Accepted(rid))
 
     def _abort(self, rid: str) -> None:

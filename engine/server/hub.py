@@ -1,9 +1,12 @@
 """Hub: the websocket front door, on the event-loop thread.
 
-Inbound, it parses each frame into a protocol op and posts that op, as is, to
-the engine thread's mailbox with the connection as its sink. It answers two ops
-itself: ``ping``, and ``steps_since`` (from the step history, so the engine
-thread never reads SQLite), and every malformed frame. Outbound, ``deliver``
+Inbound, it parses each frame into a protocol op and hands that op to the
+connection's ``Inbound``, which posts it, as is, to the engine thread's mailbox
+with the connection as its sink; a submit is first prepared (checked and
+tokenized) in the hub's worker thread, from the PromptPrep of the current run,
+and posts as ``Prepared``. It answers two ops itself: ``ping``, and
+``steps_since`` (from the step history, so the engine thread never reads
+SQLite), and every malformed frame. Outbound, ``deliver``
 applies the engine thread's delivery batches: replies go to their sink (a
 connection here, or another front door's), steps to every subscribed
 connection, encoded once per step.
@@ -17,6 +20,7 @@ import asyncio
 import logging
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from websockets.asyncio.server import ServerConnection
@@ -25,14 +29,18 @@ from websockets.exceptions import ConnectionClosed
 from engine.protocol.codec import encode, parse_op
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Error, Pong, Step
-from engine.protocol.ops import Op, Ping, StepsSince
+from engine.protocol.ops import Ping, StepsSince
+from engine.server.inbound import Inbound, refusal
 from engine.server.mailbox import Attach, Delivery, Detach, Mailbox, NewRun, Reply, StepOut
 from engine.server.outbox import Outbox
 from engine.server.prom import ServerMetrics
+from engine.server.prompt_prep import PromptPrep
 from engine.server.step_history import StepHistory
 from engine.server.ws_connection import ClientConn, SharedFrames
 
 log = logging.getLogger("kvscope.server")
+
+PREP_WORKERS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,7 @@ class HubLimits:
     # which would let a stalled client lag by thousands of steps inside the kernel
     # before the outbox bound (the part we control and count) kicks in.
     socket_send_buffer: int = 256 << 10
+    max_in_flight: int = 64  # submits per connection being prepared, checked or run
 
 
 class Hub:
@@ -59,7 +68,17 @@ class Hub:
         self.stopping = False
         self._tasks: set[asyncio.Task] = set()  # steps_since answers in progress
         self.frames = SharedFrames()  # one encoding per batch of a message many get
+        self.prep: PromptPrep | None = None  # the current run's (from its NewRun delivery)
+        # Prompts are tokenized here, never on the engine thread or the loop (tokenizers
+        # release the GIL). Each connection has at most one prompt in the pool at a time
+        # (Inbound prepares its submits one by one), so the pool's FIFO takes connections
+        # in turn, and with two workers one slow prompt never holds up everyone's.
+        self.workers = ThreadPoolExecutor(PREP_WORKERS, thread_name_prefix="kvscope-prep")
         metrics.watch_hub(lambda: len(self.conns), self.max_outbox_steps, self.max_outbox_bytes)
+
+    def close(self) -> None:
+        """Stop preparing submits (the server is shutting down; they would be refused)."""
+        self.workers.shutdown(wait=False, cancel_futures=True)
 
     def max_outbox_steps(self) -> int:
         return max((c.outbox.num_steps for c in self.conns.values()), default=0)
@@ -90,6 +109,7 @@ class Hub:
             pass  # includes 1009 for frames past the hard size limit
         finally:
             self.conns.pop(conn.id, None)
+            self._inbound(conn).close()  # before the Detach: nothing of it may follow that
             conn.outbox.close()
             # Its requests are aborted: nobody is left to read their outputs.
             self.mailbox.send_lifecycle(conn, Detach())
@@ -117,14 +137,18 @@ class Hub:
             conn.reply(Pong(time.time()))
         elif isinstance(op, StepsSince):
             self._answer_steps(conn, op)
-        elif self.stopping:
-            conn.reply(_refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down", op))
-        elif not self.mailbox.send(conn, op):
-            conn.reply(_refusal(ErrorCode.BUSY, "the engine's command queue is full; retry shortly", op))
+        else:
+            self._inbound(conn).take(op)
+
+    def _inbound(self, conn: ClientConn) -> Inbound:
+        if conn.inbound is None:
+            conn.inbound = Inbound(conn, self.mailbox, self.workers, lambda: self.prep,
+                                   lambda: self.stopping, self.limits.max_in_flight)
+        return conn.inbound
 
     def _answer_steps(self, conn: ClientConn, op: StepsSince) -> None:
         if conn.steps_pending:  # one at a time: each may read the database
-            conn.reply(_refusal(ErrorCode.BUSY, "a steps_since of this connection is still being "
+            conn.reply(refusal(ErrorCode.BUSY, "a steps_since of this connection is still being "
                                                 "answered", op))
             return
         conn.steps_pending = True
@@ -158,6 +182,7 @@ class Hub:
             elif isinstance(d, StepOut):
                 self._broadcast_step(d)
             elif isinstance(d, NewRun):
+                self.prep = d.prep or self.prep
                 self.history.new_run(d.hello.run_id)
                 self.metrics.start_run(d.hello.config)
                 for conn in list(self.conns.values()):
@@ -175,7 +200,3 @@ class Hub:
         for conn in self.conns.values():
             if conn.attached:
                 conn.put_step(frame)
-
-
-def _refusal(code: str, message: str, op: Op) -> Error:
-    return Error(code, message, getattr(op, "request_id", None), op.type)

@@ -29,6 +29,8 @@ from engine.outputs import RequestOutput
 from engine.protocol.codec import encode
 from engine.protocol.errors import ErrorCode
 from engine.protocol.messages import Error, Hello, Message, Snapshot
+from engine.server.in_flight import InFlight
+from engine.server.inbound import Inbound
 from engine.server.outbox import Outbox
 from engine.server.output_messages import output_messages
 from engine.server.prom import ServerMetrics
@@ -72,8 +74,11 @@ class ClientConn(Sink):
     steps_pending: bool = False  # a steps_since is being answered (one at a time)
     writer: asyncio.Task | None = field(default=None, repr=False)
     frames: SharedFrames = field(default_factory=SharedFrames, repr=False)  # the hub's
+    in_flight: InFlight = field(default_factory=InFlight, repr=False)
+    inbound: Inbound | None = field(default=None, repr=False)  # set by the hub
 
     def deliver(self, item: SinkItem) -> None:
+        self.in_flight.observe(item)
         if self.outbox.closed:
             return  # gone: its Detach is on its way to the engine thread
         if isinstance(item, RequestOutput):
