@@ -27,6 +27,7 @@ class ErrorCode:
     UNKNOWN_REQUEST = "unknown_request"    # abort of a request this connection does not own
     UNKNOWN_RUN = "unknown_run"            # steps_since for a run neither live nor recorded
     BAD_CONFIG = "bad_config"              # restart options rejected; the old engine keeps serving
+    RESTART_DISABLED = "restart_disabled"  # the operator turned client restarts off
     SLOW_CLIENT = "slow_client"            # unsent frames past the byte bound; connection closed
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"                  # an engine fault; the request was aborted

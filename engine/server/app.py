@@ -55,6 +55,7 @@ class ServerOptions:
     step_buffer: int = 256
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
     max_outbox_bytes: int = 64 << 20  # unsent bytes per connection before it is closed (slow_client)
+    client_restart: bool = True  # False: ``restart`` is refused (restart_disabled)
     ping_interval: float | None = 20.0
     engine_factory: EngineFactory | None = None  # tests: control how (and when) the engine loads
     # vLLM's --served-model-name: the names the API answers to; the first labels the
@@ -202,7 +203,8 @@ class KVScopeServer:
                     self.metrics.watch_recorder(self.recorder.health)
                 self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board,
                                            self.recorder, opts.label, opts.max_in_flight_per_conn,
-                                           opts.limits(), opts.engine_factory)
+                                           opts.limits(), opts.engine_factory,
+                                           client_restart=opts.client_restart)
                 self.worker.start()
                 self._bound.set()
                 log.info("kvscope: listening on %s (loading %s)", self.url, opts.engine.model)

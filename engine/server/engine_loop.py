@@ -36,7 +36,7 @@ from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Hello, Ok, Snapshot
 from engine.protocol.ops import Abort, ResetPrefixCache, Restart, Submit, TakeSnapshot
-from engine.server.engine_restart import rebuild_engine
+from engine.server.engine_restart import RestartLimits, rebuild_engine
 from engine.server.health import Health, HealthBoard, ProgressCapture, Status
 from engine.server.mailbox import (
     Attach, Delivery, Detach, Letter, Mailbox, NewRun, Prepared, Reply, Shutdown, StepOut,
@@ -59,7 +59,8 @@ class EngineWorker(threading.Thread):
     def __init__(self, config: EngineConfig, post: Post, mailbox: Mailbox,
                  board: HealthBoard, recorder: Any = None, label: str | None = None,
                  max_in_flight_per_sink: int = 64, limits: dict[str, Any] | None = None,
-                 engine_factory: EngineFactory | None = None, max_n: int = MAX_N) -> None:
+                 engine_factory: EngineFactory | None = None, max_n: int = MAX_N,
+                 client_restart: bool = True) -> None:
         super().__init__(name="kvscope-engine", daemon=True)
         self.config = config
         self.post = post
@@ -76,6 +77,11 @@ class EngineWorker(threading.Thread):
         self._out: list[Delivery] = []
         self._want_snapshot: list[Letter] = []  # Attach and TakeSnapshot letters
         self.prep: PromptPrep | None = None  # the current engine's, also handed to the front doors
+        # Restart is a privilege: the operator may turn it off, and a client's restart is
+        # bounded by what the first engine was started with (not by the running one).
+        # (When the server has a token, only clients presenting it get a connection.)
+        self.client_restart = client_restart
+        self.restart_limits: RestartLimits | None = None
         self.stop_requested = threading.Event()  # set by the app before it sends Shutdown
 
     # ---- lifecycle ---------------------------------------------------------------
@@ -107,6 +113,8 @@ class EngineWorker(threading.Thread):
     def _install(self, engine: LLMEngine) -> None:
         """Start a run on ``engine``; every subscriber is told (hello + empty snapshot)."""
         self.engine = engine
+        if self.restart_limits is None:
+            self.restart_limits = RestartLimits.of(engine)
         self._last_seq = -1
         self.book.new_run()
         config = engine.describe()
@@ -322,9 +330,13 @@ class EngineWorker(threading.Thread):
     # ---- restart and shutdown -------------------------------------------------------------
 
     def _restart(self, sink: Sink, cmd: Restart) -> None:
+        if not self.client_restart:
+            self._reply(sink, Error(ErrorCode.RESTART_DISABLED, "this server's operator disabled "
+                                    "client restarts (kvscope serve --no-client-restart)", op=cmd.type))
+            return
         old = self.engine
         try:
-            new = rebuild_engine(old, cmd.engine)
+            new = rebuild_engine(old, cmd.engine, self.restart_limits)
         except (KVScopeError, TypeError, ValueError) as exc:
             self._reply(sink, Error(ErrorCode.BAD_CONFIG, str(exc), op=cmd.type))
             return
