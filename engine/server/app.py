@@ -56,6 +56,7 @@ class ServerOptions:
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
     max_outbox_bytes: int = 64 << 20  # unsent bytes per connection before it is closed (slow_client)
     client_restart: bool = True  # False: ``restart`` is refused (restart_disabled)
+    redact_tokens: bool = False  # watchers get no token ids (engine.events.redact)
     ping_interval: float | None = 20.0
     engine_factory: EngineFactory | None = None  # tests: control how (and when) the engine loads
     # vLLM's --served-model-name: the names the API answers to; the first labels the
@@ -94,7 +95,8 @@ class ServerOptions:
         return {"max_frame_bytes": self.max_frame_bytes,
                 "max_in_flight_per_connection": self.max_in_flight_per_conn,
                 "max_queue": self.engine.max_waiting, "step_buffer": self.step_buffer,
-                "max_outbox_bytes": self.max_outbox_bytes, "max_n": MAX_N}
+                "max_outbox_bytes": self.max_outbox_bytes, "max_n": MAX_N,
+                "redact_tokens": self.redact_tokens, "client_restart": self.client_restart}
 
 
 class KVScopeServer:
@@ -108,7 +110,8 @@ class KVScopeServer:
         self.mailbox = Mailbox(options.max_pending_ops)
         self.hub = Hub(self.mailbox, self.metrics,
                        HubLimits(options.max_frame_bytes, options.step_buffer, options.step_history,
-                                 options.max_outbox_bytes, max_in_flight=options.max_in_flight_per_conn))
+                                 options.max_outbox_bytes, max_in_flight=options.max_in_flight_per_conn),
+                       redact_tokens=options.redact_tokens)
         self.recorder: Any = None
         self.worker: EngineWorker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -21,14 +21,15 @@ import logging
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from engine.protocol.codec import encode, parse_op
 from engine.protocol.errors import ErrorCode, ProtocolError
-from engine.protocol.messages import Error, Pong, Step
+from engine.events.redact import redact_snapshot, redact_step
+from engine.protocol.messages import Error, Pong, Snapshot, Step, Steps
 from engine.protocol.ops import Ping, StepsSince
 from engine.server.inbound import Inbound, refusal
 from engine.server.mailbox import Attach, Delivery, Detach, Mailbox, NewRun, Reply, StepOut
@@ -59,8 +60,13 @@ class HubLimits:
 
 
 class Hub:
-    def __init__(self, mailbox: Mailbox, metrics: ServerMetrics, limits: HubLimits) -> None:
+    def __init__(self, mailbox: Mailbox, metrics: ServerMetrics, limits: HubLimits,
+                 redact_tokens: bool = False) -> None:
         self.mailbox = mailbox
+        # --redact-tokens: watchers get steps, steps_since answers and snapshots without
+        # token ids (engine.events.redact); submitters still get their own outputs.
+        self.redact_tokens = redact_tokens
+        self._redacted: dict[int, tuple[Snapshot, Snapshot]] = {}  # per batch, by identity
         self.metrics = metrics
         self.limits = limits
         self.conns: dict[int, ClientConn] = {}
@@ -155,7 +161,10 @@ class Hub:
 
         async def answer() -> None:
             try:
-                conn.deliver(await self.history.answer(op))
+                msg = await self.history.answer(op)
+                if self.redact_tokens and isinstance(msg, Steps):
+                    msg = replace(msg, steps=[redact_step(r) for r in msg.steps])
+                conn.deliver(msg)
             finally:
                 conn.steps_pending = False
 
@@ -171,12 +180,13 @@ class Hub:
             self._deliver(batch)
         finally:
             self.frames.clear()
+            self._redacted.clear()
 
     def _deliver(self, batch: list[Delivery]) -> None:
         for d in batch:
             if isinstance(d, Reply):
                 try:
-                    d.sink.deliver(d.item)
+                    d.sink.deliver(self._watched(d.item) if isinstance(d.item, Snapshot) else d.item)
                 except Exception:  # one front door's fault must not cost the rest of the batch
                     log.exception("kvscope: delivering to sink %d failed", d.sink.id)
             elif isinstance(d, StepOut):
@@ -187,16 +197,25 @@ class Hub:
                 self.metrics.start_run(d.hello.config)
                 for conn in list(self.conns.values()):
                     if conn.attached:
-                        conn.rebase(d.hello, d.snapshot)
+                        conn.rebase(d.hello, self._watched(d.snapshot))
             else:
                 raise TypeError(f"unknown delivery {d!r}")
+
+    def _watched(self, snap: Snapshot) -> Snapshot:
+        """``snap`` as watchers may see it (one redacted copy per batch, shared)."""
+        if not self.redact_tokens:
+            return snap
+        hit = self._redacted.get(id(snap))
+        if hit is None or hit[0] is not snap:
+            hit = self._redacted[id(snap)] = (snap, replace(snap, state=redact_snapshot(snap.state)))
+        return hit[1]
 
     def _broadcast_step(self, d: StepOut) -> None:
         self.metrics.observe_step(d.record)
         self.history.append(d.run_id, d.record)
         if not self.conns:
             return
-        frame = encode(Step(d.record))
+        frame = encode(Step(redact_step(d.record) if self.redact_tokens else d.record))
         for conn in self.conns.values():
             if conn.attached:
                 conn.put_step(frame)
