@@ -27,7 +27,8 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import (
-    KVScopeError, PromptTooLongError, QueueFullError, RequestStatus, SamplingParamsError,
+    EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, RequestStatus,
+    SamplingParamsError,
 )
 from engine.events.step import StepRecord
 from engine.events.types import PROTOCOL_VERSION
@@ -269,6 +270,7 @@ class EngineWorker(threading.Thread):
                                     messages=op.messages, tokenized=(cmd.text, cmd.token_ids))
         except KVScopeError as exc:
             code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
+                    ErrorCode.EMPTY_PROMPT if isinstance(exc, EmptyPromptError) else
                     ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else
                     ErrorCode.BAD_PARAMS if isinstance(exc, SamplingParamsError) else ErrorCode.BAD_REQUEST)
             self._reply(sink, Error(code, str(exc), rid, op.type))
