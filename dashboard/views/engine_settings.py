@@ -54,6 +54,10 @@ def _form(cfg: dict) -> dict | None:
         go = c[3].form_submit_button("Restart engine", type="primary", width="stretch")
     if not go:
         return None
+    if int(block_size) != bs and int(num_blocks) == int(cfg.get("num_blocks") or 256):
+        # only the block size changed: the same pool memory in other blocks (a restart may
+        # never grow the pool past what the server started with)
+        num_blocks = max(1, int(num_blocks) * bs // int(block_size))
     return {"block_size": int(block_size), "num_kv_blocks": int(num_blocks),
             "max_model_len": int(mml), "max_num_batched_tokens": int(budget),
             "max_num_seqs": int(seqs), "enable_prefix_caching": bool(prefix),

@@ -152,7 +152,10 @@ class Abort(Op):
 
 @dataclass(frozen=True, slots=True)
 class TakeSnapshot(Op):
-    """Answer: ``snapshot`` of the pool between two steps (queued older steps are dropped)."""
+    """Answer: ``snapshot`` of the pool between two steps (queued older steps are dropped).
+    Snapshot requests of one connection not yet answered share one answer, and a
+    snapshot the client has not read yet is replaced by a newer one: a client is owed
+    the latest state, once."""
 
     type: ClassVar[str] = "snapshot"
 

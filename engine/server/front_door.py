@@ -42,14 +42,15 @@ Post = Callable[[list[Delivery]], None]
 class FrontDoor:
     def __init__(self, *, host: str, port: int, db: str | None, record: bool, token: str | None,
                  max_frame_bytes: int, ping_interval: float | None, limits: HubLimits,
-                 max_pending_ops: int, board: HealthBoard, metrics: HubMetrics) -> None:
+                 max_pending_ops: int, board: HealthBoard, metrics: HubMetrics,
+                 redact_tokens: bool = False) -> None:
         self.host, self.requested_port, self.db, self.record = host, port, db, record
         self.token, self.max_frame_bytes, self.ping_interval = token, max_frame_bytes, ping_interval
         self.port: int | None = None
         self.board = board
         self.metrics = metrics
         self.mailbox = Mailbox(max_pending_ops)
-        self.hub = Hub(self.mailbox, self.metrics, limits)
+        self.hub = Hub(self.mailbox, self.metrics, limits, redact_tokens=redact_tokens)
         self.recorder: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -169,6 +170,7 @@ class FrontDoor:
         log.info("kvscope: shutting down")
         self.hub.stopping = True
         await self._stop_work()
+        self.hub.close()
         deadline = time.monotonic() + 1.0  # let final replies (finished/abort) reach clients
         while self.hub.pending_replies() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
