@@ -1,4 +1,10 @@
-"""Live: the engine's paged KV cache as it runs, redrawn twice a second."""
+"""Live: the engine's paged KV cache as it runs, redrawn twice a second.
+
+Every redraw shows one step: the LiveFeed hands over a frame whose parts are all of
+that step (or the previous good frame), and the run view builds every figure before
+it draws any. Streamlit's fading of elements a rerun has not reached yet is turned
+off on this page: a redraw replaces a whole frame, nothing is half-stale.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,16 @@ import streamlit as st
 from engine.client import ServerError
 
 from dashboard.connection import connection, feed, server_status, settings
+from dashboard.load_times import loading_note
 from dashboard.panels import render_run_view
+
+# Streamlit dims the elements of the previous run until the rerun reaches them (and
+# fades them in); a live redraw of a whole frame must not blink or look half-stale.
+NO_STALE_CSS = """
+<style>
+[data-stale="true"] {opacity: 1 !important; transition: none !important;}
+</style>
+"""
 
 
 def _waiting_for_server(view) -> None:
@@ -28,8 +43,7 @@ def _waiting_for_server(view) -> None:
     started = st.session_state.setdefault("_live_wait_since", time.time())
     with st.status(f"Waiting for the engine: {srv.status}", state="running", expanded=True):
         st.write(srv.detail or f"connection: {view.status}")
-        st.caption(f"{time.time() - started:.0f} s · the default model takes ~20 s on the "
-                   "first start (it dequantizes and caches its weights).")
+        st.caption(f"{time.time() - started:.0f} s so far. {loading_note()}")
 
 
 def _body() -> None:
@@ -40,28 +54,56 @@ def _body() -> None:
     st.session_state.pop("_live_wait_since", None)
     f = feed()
     frame = f.frame(view, f.poll(view))
+    if frame is None:
+        st.caption("Waiting for the first consistent step…")
+        return
     if view.status == "resyncing":
-        st.caption("Resynchronising: this client fell behind and asked for a fresh snapshot.")
+        st.caption(f"Resynchronising: this client fell behind and asked for a fresh "
+                   f"snapshot; showing step {frame.step} until it arrives.")
     render_run_view(frame)
+
+
+def reset_message(num_blocks_reset: int) -> str:
+    """The reset's answer in words (the server's ``ok`` result holds the count)."""
+    if not num_blocks_reset:
+        return "Prefix cache reset: no block held a cached hash, nothing changed."
+    blocks = "block" if num_blocks_reset == 1 else "blocks"
+    return (f"Prefix cache reset: {num_blocks_reset} free cached {blocks} forgot their "
+            "hashes (counted as reset, not as LRU evictions). The next identical prompt "
+            "misses cold.")
 
 
 def _reset_prefix_cache() -> None:
     try:
         res = connection().reset_prefix_cache(timeout=10)
-        st.toast(f"Prefix cache reset: {res.result}")
+        st.toast(reset_message(int(res.result.get("num_blocks_reset", 0))))
     except (ServerError, TimeoutError) as exc:
         st.toast(f"Reset failed: {exc}")
 
 
+def abort_everything() -> None:
+    """The engine-wide abort (any client's requests), told in a toast."""
+    try:
+        n = int(connection().abort_all(timeout=10).result.get("num_aborted", 0))
+    except (ServerError, TimeoutError) as exc:
+        st.toast(f"Abort failed: {exc}")
+        return
+    st.toast(f"Aborted {n} request{'' if n == 1 else 's'} on the engine." if n
+             else "Nothing was running on the engine.")
+
+
 def page() -> None:
+    st.html(NO_STALE_CSS)
     st.title("Live: the paged KV cache right now")
-    left, mid, right = st.columns([2, 1.2, 1.2])
+    left, mid, reset, stop = st.columns([2, 1.1, 1.1, 1.1])
     left.caption("Each cell is one physical KV block. Submit requests (or a teaching preset) "
                  "and watch blocks get allocated, shared, copied on write, cached and evicted.")
     paused = mid.toggle("Pause updates", key="live_paused",
                         help="Freeze the view to inspect it (hover the blocks).")
-    right.button("Reset prefix cache", on_click=_reset_prefix_cache, key="live_reset",
+    reset.button("Reset prefix cache", on_click=_reset_prefix_cache, key="live_reset",
                  help="Forget every cached hash: the next identical prompt misses (cold).")
+    stop.button("Abort everything", on_click=abort_everything, key="live_abort_all",
+                help="Abort every request on the engine, whoever submitted it.")
     period = None if paused else settings().refresh_s
     st.fragment(run_every=period)(_body)()
 
