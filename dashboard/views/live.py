@@ -12,9 +12,8 @@ import time
 
 import streamlit as st
 
-from engine.client import ServerError
-
 from dashboard.connection import connection, feed, server_status, settings
+from dashboard.engine_actions import abort_everything, reset_prefix_cache
 from dashboard.load_times import loading_note
 from dashboard.panels import render_run_view
 
@@ -63,35 +62,6 @@ def _body() -> None:
     render_run_view(frame)
 
 
-def reset_message(num_blocks_reset: int) -> str:
-    """The reset's answer in words (the server's ``ok`` result holds the count)."""
-    if not num_blocks_reset:
-        return "Prefix cache reset: no block held a cached hash, nothing changed."
-    blocks = "block" if num_blocks_reset == 1 else "blocks"
-    return (f"Prefix cache reset: {num_blocks_reset} free cached {blocks} forgot their "
-            "hashes (counted as reset, not as LRU evictions). The next identical prompt "
-            "misses cold.")
-
-
-def _reset_prefix_cache() -> None:
-    try:
-        res = connection().reset_prefix_cache(timeout=10)
-        st.toast(reset_message(int(res.result.get("num_blocks_reset", 0))))
-    except (ServerError, TimeoutError) as exc:
-        st.toast(f"Reset failed: {exc}")
-
-
-def abort_everything() -> None:
-    """The engine-wide abort (any client's requests), told in a toast."""
-    try:
-        n = int(connection().abort_all(timeout=10).result.get("num_aborted", 0))
-    except (ServerError, TimeoutError) as exc:
-        st.toast(f"Abort failed: {exc}")
-        return
-    st.toast(f"Aborted {n} request{'' if n == 1 else 's'} on the engine." if n
-             else "Nothing was running on the engine.")
-
-
 def page() -> None:
     st.html(NO_STALE_CSS)
     st.title("Live: the paged KV cache right now")
@@ -100,7 +70,7 @@ def page() -> None:
                  "and watch blocks get allocated, shared, copied on write, cached and evicted.")
     paused = mid.toggle("Pause updates", key="live_paused",
                         help="Freeze the view to inspect it (hover the blocks).")
-    reset.button("Reset prefix cache", on_click=_reset_prefix_cache, key="live_reset",
+    reset.button("Reset prefix cache", on_click=reset_prefix_cache, key="live_reset",
                  help="Forget every cached hash: the next identical prompt misses (cold).")
     stop.button("Abort everything", on_click=abort_everything, key="live_abort_all",
                 help="Abort every request on the engine, whoever submitted it.")
