@@ -58,35 +58,23 @@ def _thread_cpu_seconds(native_id: int | None) -> float:
 def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int, num_kv_blocks: int,
                       bar, **engine_kw) -> dict:
     """One fresh engine runs ``workload``, events off/on alternating per step."""
-    from engine import SamplingParams
     from engine.store.recorder import Recorder
 
     engine = make_engine(loaded, model, max_num_seqs, num_kv_blocks, enable_events=True, **engine_kw)
     configs = {"on": engine.config, "off": dataclasses.replace(engine.config, enable_events=False)}
-    trace: list[tuple[str, float, float, int]] = []  # (mode, wall s, cpu s, new tokens) per step
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
         rec = Recorder(str(Path(tmp) / "events.db"))
         run_id = rec.start_run(engine.describe(), model=engine.spec.name, label="bench events cost")
         listeners = [_encode_step, lambda r: rec.record_step(r, run_id)]
         writer_id = getattr(getattr(rec, "_thread", None), "native_id", None)
         cpu0 = _thread_cpu_seconds(writer_id)
-        for i, r in enumerate(workload.requests):
-            engine.add_request(list(r.prompt_ids), SamplingParams(
-                temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True), request_id=f"r{i}")
-        k = 0
-        while engine.has_unfinished_requests():
-            mode = ("off", "on", "on", "off")[k % 4]
-            k += 1
+
+        def set_mode(mode: str) -> None:
             engine.config = configs[mode]
             engine.log.enabled = mode == "on"
             engine.step_listeners[:] = listeners if mode == "on" else []
-            t, c = time.perf_counter(), time.thread_time()
-            outs = engine.step()
-            dt, dc = time.perf_counter() - t, time.thread_time() - c
-            new = sum(len(ids) for o in outs for _, ids in o.deltas.values())
-            trace.append((mode, dt, dc, new))
-            if bar is not None:
-                bar.update(new)
+
+        trace = alternate(engine, workload, set_mode, bar)
         t = time.perf_counter()
         rec.finish(run_id)
         rec.flush()
@@ -94,6 +82,29 @@ def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int,
         writer_cpu = _thread_cpu_seconds(writer_id) - cpu0 if writer_id is not None else None
         ok = rec.close()
     return {"trace": trace, "writer_cpu": writer_cpu, "drain": drain, "ok": ok, "rows": rec.written}
+
+
+def alternate(engine, workload: Workload, set_mode, bar=None) -> list[tuple[str, float, float, int]]:
+    """Queue ``workload``, then step until done with modes off on on off ...; ``set_mode(mode)``
+    runs before each step. Returns (mode, wall s, this thread's CPU s, new tokens) per step."""
+    from engine import SamplingParams
+
+    for i, r in enumerate(workload.requests):
+        engine.add_request(list(r.prompt_ids), SamplingParams(
+            temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True), request_id=f"r{i}")
+    trace, k = [], 0
+    while engine.has_unfinished_requests():
+        mode = ("off", "on", "on", "off")[k % 4]
+        k += 1
+        set_mode(mode)
+        t, c = time.perf_counter(), time.thread_time()
+        outs = engine.step()
+        dt, dc = time.perf_counter() - t, time.thread_time() - c
+        new = sum(len(ids) for o in outs for _, ids in o.deltas.values())
+        trace.append((mode, dt, dc, new))
+        if bar is not None:
+            bar.update(new)
+    return trace
 
 
 def _off_on_pairs(trace: list[tuple]) -> list[tuple[tuple, tuple]]:

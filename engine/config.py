@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 from engine.core.config import check_block_size
 from engine.core.errors import ConfigError
+from engine.kv_events.config import KVEventsConfig
 
 DEFAULT_MODEL = "smollm2-135m"
 # The CPU KV budget when neither num_kv_blocks nor kv_cache_memory is given: 1 GiB
@@ -40,6 +41,7 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     max_waiting: int = 0
     enable_events: bool = True
+    kv_events_config: KVEventsConfig | None = None  # vLLM-format KV cache events (engine.kv_events)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -59,6 +61,21 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         check_block_size(self.block_size)
+        self._check_kv_events()
+
+    def _check_kv_events(self) -> None:
+        kv = self.kv_events_config
+        if kv is None:
+            return
+        if not isinstance(kv, KVEventsConfig):
+            raise ConfigError(f"kv_events_config must be a KVEventsConfig (KVEventsConfig.coerce reads a "
+                              f"dict or JSON), got {type(kv).__name__}")
+        if kv.active and not self.enable_prefix_caching:
+            raise ConfigError("KV cache events need prefix caching (they report cached blocks); "
+                              "enable prefix caching or drop kv_events_config")
+        if kv.active and not self.enable_events:
+            raise ConfigError("KV cache events are derived from the engine's events; "
+                              "they need enable_events=True")
 
     def to_dict(self) -> dict:
         return asdict(self)

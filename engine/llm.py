@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.core import SamplingParams
+from engine.kv_events.config import KVEventsConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.startup import build_engine
@@ -21,10 +22,25 @@ __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOut
 
 
 class LLM:
-    """Offline batch generation over one engine."""
+    """Offline batch generation over one engine.
 
-    def __init__(self, model: str = DEFAULT_MODEL, **kwargs) -> None:
-        self.engine = build_engine(EngineConfig(model=model, **kwargs))
+    ``kv_events_config`` (a KVEventsConfig, a dict or vLLM's JSON) publishes the KV
+    cache as vLLM-format events; ``close()`` (or ``with LLM(...) as llm``) stops it.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, kv_events_config: KVEventsConfig | dict | str | None = None,
+                 **kwargs) -> None:
+        self.engine = build_engine(EngineConfig(model=model, kv_events_config=KVEventsConfig.coerce(kv_events_config),
+                                                **kwargs))
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def get_tokenizer(self):
         return self.engine.tokenizer

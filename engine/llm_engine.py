@@ -3,7 +3,8 @@
 Build one with ``engine.startup.build_engine(config)``. The server drives it; ``LLM``
 wraps it for offline use. Each step yields RequestOutputs (with streaming deltas) and
 one StepRecord (events + metrics) handed to every step listener (the server's
-broadcaster, the recorder).
+broadcaster, the recorder, and the vLLM-format KV event publisher when
+``kv_events_config`` enables one).
 
 Who owns what, per request: the Scheduler (engine.core) its tokens, status and blocks;
 the ModelRunner its sampling state (generators included); the OutputProcessor its
@@ -43,7 +44,10 @@ StepListener = Callable[[StepRecord], None]
 class LLMEngine:
     """An engine over built parts; use ``engine.startup.build_engine(config)``."""
 
-    def __init__(self, config: EngineConfig, parts: EngineParts, scheduler: Scheduler) -> None:
+    def __init__(self, config: EngineConfig, parts: EngineParts, scheduler: Scheduler,
+                 kv_events=None) -> None:
+        """``kv_events``: a running KVEventsPublisher to take over instead of starting one
+        (a server restart keeps its stream, seq and replay buffer across engines)."""
         self.config = config
         self.parts = parts
         self.tokenizer = parts.loaded.tokenizer
@@ -60,6 +64,30 @@ class LLMEngine:
         self._rng = random.Random(config.seed)  # seeds of requests that bring none
         self._ids = itertools.count()
         self.last_metrics: dict = {}
+        self.kv_events = None  # KVEventsPublisher when kv_events_config enables one
+        self._owns_kv_events = False
+        kv_config = config.kv_events_config
+        if kv_config is not None and kv_config.active:
+            if kv_events is None:
+                from engine.kv_events.publisher import KVEventsPublisher
+
+                medium = "GPU" if parts.loaded.device.type == "cuda" else "CPU"
+                kv_events = KVEventsPublisher(kv_config, medium)
+            self.kv_events, self._owns_kv_events = kv_events, True
+            self.step_listeners.append(kv_events.on_step)
+
+    def close(self) -> None:
+        """Stop what runs beside the engine (the KV event publisher: queued batches go out)."""
+        if self.kv_events is not None and self._owns_kv_events:
+            self._owns_kv_events = False
+            self.kv_events.close()
+
+    def hand_over_kv_events(self) -> None:
+        """A successor engine took this one's KV event publisher (a restart): stop owning it,
+        and tell subscribers that the cache the stream described is gone (AllBlocksCleared)."""
+        if self.kv_events is not None and self._owns_kv_events:
+            self._owns_kv_events = False
+            self.kv_events.announce_cleared()
 
     # ---- facts --------------------------------------------------------------
 

@@ -110,8 +110,9 @@ def default_cpu_blocks(per_block: int, block_size: int, max_model_len: int, max_
     return min(DEFAULT_CPU_KV_BYTES // per_block, max_num_seqs * -(-max_model_len // block_size))
 
 
-def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> LLMEngine:
-    """An engine for ``cfg`` (on ``loaded`` weights when given, e.g. for a restart).
+def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events=None) -> LLMEngine:
+    """An engine for ``cfg`` (on ``loaded`` weights when given, e.g. for a restart; a
+    restart also hands on the running KV event publisher, ``kv_events``).
 
     Raises the KVScopeError subclasses (ConfigError, KVCacheTooSmallError) for a
     config that cannot run."""
@@ -160,4 +161,4 @@ def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None) -> LLMEng
         "maximum concurrency for %d tokens per request: %.2fx; attention backend: %s",
         num_blocks, cfg.block_size, cache.num_slots, num_blocks * per_block / 2**20, source,
         max_len, cache.num_slots / max_len, backend.name)
-    return LLMEngine(cfg, EngineParts(loaded, cache, sched, runner, per_block), scheduler)
+    return LLMEngine(cfg, EngineParts(loaded, cache, sched, runner, per_block), scheduler, kv_events)

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.events import types as T
+from engine.events import types as event_types
 
 ACCESS_HISTORY = 4  # vLLM's BlockMetricsState.access_history maxlen
 
@@ -68,21 +68,21 @@ class BlockResidency:
     def num_open(self) -> int:
         return len(self._open)
 
-    def observe(self, events: Iterable[T.Event], ts: float) -> list[BlockTenure]:
+    def observe(self, events: Iterable[event_types.Event], ts: float) -> list[BlockTenure]:
         """Fold one step's events (in order) at its time ``ts``; the tenures they ended."""
         ended: list[BlockTenure] = []
         if not self.enable_prefix_caching:
             return ended
         for e in events:
             t = type(e)
-            if t is T.BlockAllocated:
+            if t is event_types.BlockAllocated:
                 self._hand_out(e.block, ts, ended)
-            elif t is T.CowCopy:
+            elif t is event_types.CowCopy:
                 self._hand_out(e.dst, ts, ended)
-            elif t is T.PrefixHit or t is T.RequestForked:
+            elif t is event_types.PrefixHit or t is event_types.RequestForked:
                 for b in e.blocks:
                     self._access(b, ts)
-            elif t is T.PrefixCacheReset:
+            elif t is event_types.PrefixCacheReset:
                 self._open.clear()
         return ended
 

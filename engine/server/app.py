@@ -74,6 +74,13 @@ class ServerOptions:
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port!r}")
         check_bind(self.host, self.allow_remote, self.token)
+        kv = self.engine.kv_events_config
+        exposed = kv.network_binds() if kv is not None else []
+        if exposed and not self.allow_remote:
+            raise BindRefused(f"refusing to bind KV events on {', '.join(exposed)}: that streams prompt "
+                              f"token ids, unauthenticated, to anyone who can reach it. Pass --allow-remote "
+                              f"to allow it, or keep to this machine (ipc://PATH, a tcp://127.0.0.1 "
+                              f"replay_endpoint, or connect out to a subscriber's tcp://HOST:PORT).")
 
     @property
     def model_name(self) -> str:

@@ -42,6 +42,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-in-flight", type=int, default=64, help="live requests per connection")
     g.add_argument("--step-buffer", type=int, default=256,
                    help="unsent step messages per client before they are dropped (client resyncs)")
+    g.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help="publish KV cache events in vLLM's format, e.g. '{\"enable_kv_cache_events\": "
+                        "true, \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
+                        "(vLLM's fields; \"encoding\": \"array\" for vLLM <= 0.23 / SGLang consumers)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -53,13 +57,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.cli import engine_kwargs
     from engine.config import EngineConfig
     from engine.core import KVScopeError
+    from engine.kv_events.config import KVEventsConfig
     from engine.server.app import KVScopeServer, ServerOptions
     from engine.server.security import BindRefused
 
     if not args.verbose:  # websockets logs every connection and HTTP response at INFO
         logging.getLogger("websockets").setLevel(logging.WARNING)
     try:
-        cfg = EngineConfig(**engine_kwargs(args), max_waiting=args.max_queue)
+        kw = engine_kwargs(args)  # kv_events_config comes in as the JSON text
+        kw["kv_events_config"] = KVEventsConfig.coerce(args.kv_events_config)
+        cfg = EngineConfig(**kw, max_waiting=args.max_queue)
         opts = ServerOptions(cfg, host=args.host, port=args.port, db=args.db, record=args.record,
                              label=args.label, allow_remote=args.allow_remote,
                              token=os.environ.get(TOKEN_ENV) or None,

@@ -279,6 +279,7 @@ class EngineWorker(threading.Thread):
         if old.has_pending_events():
             self._step()  # publish the aborts into the old run before it ends
         self._finish_run()
+        old.hand_over_kv_events()
         old_run = self.run_id
         self._want_snapshot = [w for w in self._want_snapshot if isinstance(w.command, Attach)]
         self._install(new)
@@ -291,3 +292,4 @@ class EngineWorker(threading.Thread):
             self._step()
         self._finish_run()
         self._flush()
+        self.engine.close()

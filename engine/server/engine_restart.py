@@ -24,7 +24,7 @@ def rebuild_engine(old: LLMEngine, options: dict[str, Any]) -> LLMEngine:
     # Reuse the loaded weights: only the pool and the scheduler change. The new
     # pool is allocated before the old one is dropped, so a bad config leaves
     # the old engine serving (at the price of both pools for a moment).
-    return build_engine(cfg, loaded=old.parts.loaded)
+    return build_engine(cfg, loaded=old.parts.loaded, kv_events=old.kv_events)  # one KV event stream
 
 
 def check_restart(cfg: EngineConfig, old: LLMEngine) -> None:

@@ -13,7 +13,7 @@ import pytest
 from engine import SamplingParams
 from engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from engine.core import KVScopeError, SamplingParamsError, child_request_id
-from engine.events import types as T
+from engine.events import types as event_types
 from engine.startup import build_engine, default_cpu_blocks
 
 PROMPT = list(range(40, 58))  # 18 tokens
@@ -77,7 +77,7 @@ def test_fork_identity_is_parent_and_sample_index(tiny_llama):
     assert [children[child_request_id("f", k)].seed for k in (1, 2)] == [6, 7]
     gens = [eng.runner.requests[rid].generator for rid in ("f", *sorted(children))]
     assert len({id(g) for g in gens}) == 3 and [g.initial_seed() for g in gens] == [5, 6, 7]
-    forked = [e for e in records[-1].events if isinstance(e, T.RequestForked)]
+    forked = [e for e in records[-1].events if isinstance(e, event_types.RequestForked)]
     assert [(e.request_id, e.parent_id) for e in forked] == [(child_request_id("f", k), "f") for k in (1, 2)]
     outs = _drain(eng)
     final = [o for o in outs if o.finished][0]
@@ -183,12 +183,12 @@ def test_metrics_carry_first_token_and_finished_request_stats(tiny_llama):
     finished = {f["request_id"]: f for r in records for f in r.metrics["finished_requests"]}
     assert set(first) == set(finished) == {"old", "new"}
     preempted_before_first = [r.step for r in records for e in r.events
-                              if isinstance(e, T.RequestPreempted) and e.request_id == "new"
+                              if isinstance(e, event_types.RequestPreempted) and e.request_id == "new"
                               and r.step < first["new"][0]]
     assert preempted_before_first
     # every prompt token it computed, less one pass over the uncached prompt, was recomputed
     scheduled = sum(e.num_tokens for r in records if r.step <= first["new"][0] for e in r.events
-                    if isinstance(e, T.RequestScheduled) and e.request_id == "new")
+                    if isinstance(e, event_types.RequestScheduled) and e.request_id == "new")
     stats = first["new"][1]
     assert stats["num_recomputed_tokens"] == scheduled - (16 - stats["num_cached_tokens"]) > 0
     assert first["old"][1]["num_recomputed_tokens"] == 0

@@ -2,16 +2,16 @@
 
 import pytest
 
-from engine.events import types as T
+from engine.events import types as event_types
 from engine.events.block_residency import BlockResidency, BlockTenure
 
 
 def alloc(block, rid="r", i=0):
-    return T.BlockAllocated(0, block, rid, i)
+    return event_types.BlockAllocated(0, block, rid, i)
 
 
 def hit(*blocks, rid="h"):
-    return T.PrefixHit(0, rid, tuple(blocks), 4 * len(blocks))
+    return event_types.PrefixHit(0, rid, tuple(blocks), 4 * len(blocks))
 
 
 def test_lifetime_idle_and_reuse_gaps_of_one_block():
@@ -19,7 +19,7 @@ def test_lifetime_idle_and_reuse_gaps_of_one_block():
     assert r.observe([alloc(3)], ts=10.0) == []  # first tenure of block 3 starts at 10
     assert r.observe([hit(3)], ts=11.0) == []
     assert r.observe([hit(3)], ts=13.5) == []
-    assert r.observe([T.RequestForked(0, "c", "h", (3,), 8, 8)], ts=14.0) == []
+    assert r.observe([event_types.RequestForked(0, "c", "h", (3,), 8, 8)], ts=14.0) == []
     # handed out again at 20: lifetime 10, idle since the last access 6, gaps 2.5 and 0.5
     assert r.observe([alloc(3, "s")], ts=20.0) == [BlockTenure(3, 10.0, 6.0, (2.5, 0.5))]
     # the new tenure has no access: idle equals lifetime, no gap
@@ -39,7 +39,7 @@ def test_only_the_last_four_accesses_make_gaps():
 def test_cow_copy_hands_out_its_dst_and_one_step_shares_a_time():
     r = BlockResidency()
     r.observe([alloc(1), alloc(2)], 5.0)
-    ended = r.observe([T.CowCopy(0, "c", 1, 2, 0, src_ref_count=1), alloc(1, "d")], 7.0)
+    ended = r.observe([event_types.CowCopy(0, "c", 1, 2, 0, src_ref_count=1), alloc(1, "d")], 7.0)
     assert ended == [BlockTenure(2, 2.0, 2.0, ()), BlockTenure(1, 2.0, 2.0, ())]
 
 
@@ -48,7 +48,7 @@ def test_hits_on_blocks_never_handed_out_and_reset_forget_tenures():
     r.observe([hit(9)], 1.0)  # nothing open for 9: ignored
     assert r.observe([alloc(9)], 2.0) == []
     r.observe([alloc(4)], 2.0)
-    r.observe([T.BlockEvicted(0, 9, "h9", reason="reset"), T.PrefixCacheReset(0)], 3.0)
+    r.observe([event_types.BlockEvicted(0, 9, "h9", reason="reset"), event_types.PrefixCacheReset(0)], 3.0)
     assert r.num_open == 0
     assert r.observe([alloc(9), alloc(4)], 4.0) == []  # their tenures began before the reset
     assert r.observe([alloc(9)], 6.0) == [BlockTenure(9, 2.0, 2.0, ())]
@@ -63,7 +63,7 @@ def test_without_prefix_caching_nothing_is_observed_and_reset_starts_a_new_pool(
     assert r.observe([alloc(0)], 3.0) == [] and r.enable_prefix_caching
 
 
-@pytest.mark.parametrize("events", [[alloc(5)], [T.CowCopy(0, "c", 4, 5, 1, src_ref_count=1)]])
+@pytest.mark.parametrize("events", [[alloc(5)], [event_types.CowCopy(0, "c", 4, 5, 1, src_ref_count=1)]])
 def test_every_hand_out_ends_the_previous_tenure_hashed_or_not(events):
     # vLLM's get_new_blocks ends a tenure on every popped block, not only on hashed ones
     r = BlockResidency()

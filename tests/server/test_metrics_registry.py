@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from engine.events import types as T
+from engine.events import types as event_types
 from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
 from engine.events.step import StepRecord
-from engine.server.metrics import buckets as B
+from engine.server.metrics import buckets
 from engine.server.prom import ServerMetrics
 from tests.server.prom_samples import Samples
 
@@ -67,21 +67,21 @@ def test_buckets_are_vllms():
     for name in ("request_generation_tokens", "request_max_num_generation_tokens",
                  "request_params_max_tokens", "request_prefill_kv_computed_tokens"):
         assert s.buckets(f"vllm:{name}") == [1, 2, 5, 10, 20, 50], name
-    assert s.buckets("vllm:iteration_tokens_total") == list(B.ITERATION_TOKENS)
+    assert s.buckets("vllm:iteration_tokens_total") == list(buckets.ITERATION_TOKENS)
     assert s.buckets("vllm:request_params_n") == [1, 2, 5, 10, 20]
     assert s.buckets("vllm:time_to_first_token_seconds")[:3] == [0.001, 0.005, 0.01]
     assert s.buckets("vllm:time_to_first_token_seconds")[-1] == 2560.0
-    assert s.buckets("vllm:inter_token_latency_seconds") == list(B.INTER_TOKEN_LATENCY)
-    assert s.buckets("vllm:request_time_per_output_token_seconds") == list(B.INTER_TOKEN_LATENCY)
+    assert s.buckets("vllm:inter_token_latency_seconds") == list(buckets.INTER_TOKEN_LATENCY)
+    assert s.buckets("vllm:request_time_per_output_token_seconds") == list(buckets.INTER_TOKEN_LATENCY)
     for name in ("e2e_request_latency_seconds", "request_queue_time_seconds", "request_inference_time_seconds",
                  "request_prefill_time_seconds", "request_decode_time_seconds"):
-        assert s.buckets(f"vllm:{name}") == list(B.REQUEST_LATENCY), name
+        assert s.buckets(f"vllm:{name}") == list(buckets.REQUEST_LATENCY), name
     assert s.buckets("vllm:kv_block_lifetime_seconds")[0] == 0.001
     assert s.buckets("vllm:kv_block_idle_before_evict_seconds")[-1] == 1800
-    assert B.build_1_2_5_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
-    assert B.build_1_2_5_buckets(2048)[-3:] == [500, 1000, 2000]
+    assert buckets.build_1_2_5_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
+    assert buckets.build_1_2_5_buckets(2048)[-3:] == [500, 1000, 2000]
     with pytest.raises(ValueError):
-        B.build_1_2_5_buckets(0)
+        buckets.build_1_2_5_buckets(0)
 
 
 def test_cache_config_info_labels_as_vllm_names_them():
@@ -163,11 +163,11 @@ def test_exact_values_from_steps():
 
 def test_block_residency_and_evictions_from_events():
     reg = registry()
-    reg.observe_step(step(0, 100.0, [T.BlockAllocated(0, 1, "a", 0), T.BlockAllocated(0, 2, "a", 1)]))
-    reg.observe_step(step(1, 101.0, [T.PrefixHit(1, "b", (1,), 4)]))
-    reg.observe_step(step(2, 103.0, [T.PrefixHit(2, "c", (1,), 4)]))
-    reg.observe_step(step(3, 104.5, [T.BlockEvicted(3, 1, "h1"), T.BlockAllocated(3, 1, "d", 0),
-                                     T.BlockAllocated(3, 2, "d", 1)]))
+    reg.observe_step(step(0, 100.0, [event_types.BlockAllocated(0, 1, "a", 0), event_types.BlockAllocated(0, 2, "a", 1)]))
+    reg.observe_step(step(1, 101.0, [event_types.PrefixHit(1, "b", (1,), 4)]))
+    reg.observe_step(step(2, 103.0, [event_types.PrefixHit(2, "c", (1,), 4)]))
+    reg.observe_step(step(3, 104.5, [event_types.BlockEvicted(3, 1, "h1"), event_types.BlockAllocated(3, 1, "d", 0),
+                                     event_types.BlockAllocated(3, 2, "d", 1)]))
     s = samples(reg)
     assert s.get("vllm:kv_block_lifetime_seconds_count") == 2
     assert s.get("vllm:kv_block_lifetime_seconds_sum") == pytest.approx(4.5 + 4.5)
@@ -178,7 +178,7 @@ def test_block_residency_and_evictions_from_events():
     assert s.get("kvscope_evictions_total", reason="reuse") == 1
     # a new run (restart) starts a new pool: no tenure carries over
     reg.start_run(CONFIG)
-    reg.observe_step(step(0, 200.0, [T.BlockAllocated(0, 1, "e", 0)]))
+    reg.observe_step(step(0, 200.0, [event_types.BlockAllocated(0, 1, "e", 0)]))
     assert samples(reg).get("vllm:kv_block_lifetime_seconds_count") == 2
 
 

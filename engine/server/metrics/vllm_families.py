@@ -44,7 +44,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from engine.events.block_residency import BlockTenure
 from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
-from engine.server.metrics import buckets as B
+from engine.server.metrics import buckets
 from engine.server.metrics.cache_config import HELP as CACHE_CONFIG_HELP
 from engine.server.metrics.cache_config import LABEL_NAMES as CACHE_CONFIG_LABELS
 from engine.server.metrics.cache_config import cache_config_labels
@@ -115,16 +115,16 @@ class VLLMFamilies:
 
         self.iteration_tokens = s.one(Histogram, "vllm:iteration_tokens_total",
                                       "Histogram of number of tokens per engine_step.",
-                                      buckets=B.ITERATION_TOKENS)
+                                      buckets=buckets.ITERATION_TOKENS)
         self.params_n = s.one(Histogram, "vllm:request_params_n", "Histogram of the n request parameter.",
-                              buckets=B.REQUEST_PARAMS_N)
+                              buckets=buckets.REQUEST_PARAMS_N)
         self.ttft = s.one(Histogram, "vllm:time_to_first_token_seconds",
-                          "Histogram of time to first token in seconds.", buckets=B.TIME_TO_FIRST_TOKEN)
+                          "Histogram of time to first token in seconds.", buckets=buckets.TIME_TO_FIRST_TOKEN)
         self.itl = s.one(Histogram, "vllm:inter_token_latency_seconds",
-                         "Histogram of inter-token latency in seconds.", buckets=B.INTER_TOKEN_LATENCY)
+                         "Histogram of inter-token latency in seconds.", buckets=buckets.INTER_TOKEN_LATENCY)
         self.tpot = s.one(Histogram, "vllm:request_time_per_output_token_seconds",
                           "Histogram of time_per_output_token_seconds per request.",
-                          buckets=B.INTER_TOKEN_LATENCY)
+                          buckets=buckets.INTER_TOKEN_LATENCY)
         phase = {"e2e": ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
                  "queue": ("vllm:request_queue_time_seconds", "WAITING"),
                  "inference": ("vllm:request_inference_time_seconds", "RUNNING"),
@@ -132,20 +132,20 @@ class VLLMFamilies:
                  "decode": ("vllm:request_decode_time_seconds", "DECODE")}
         self.phase = {k: s.one(Histogram, name, doc if k == "e2e" else
                                f"Histogram of time spent in {doc} phase for request.",
-                               buckets=B.REQUEST_LATENCY)
+                               buckets=buckets.REQUEST_LATENCY)
                       for k, (name, doc) in phase.items()}
 
         # Exact, every block, always on: vLLM samples these behind --kv-cache-metrics.
         self.lifetime = s.one(Histogram, "vllm:kv_block_lifetime_seconds",
                               "Histogram of KV cache block lifetime from allocation to eviction. "
-                              "Every block (kvscope does not sample).", buckets=B.KV_CACHE_RESIDENCY)
+                              "Every block (kvscope does not sample).", buckets=buckets.KV_CACHE_RESIDENCY)
         self.idle = s.one(Histogram, "vllm:kv_block_idle_before_evict_seconds",
                           "Histogram of idle time before KV cache block eviction. "
-                          "Every block (kvscope does not sample).", buckets=B.KV_CACHE_RESIDENCY)
+                          "Every block (kvscope does not sample).", buckets=buckets.KV_CACHE_RESIDENCY)
         self.reuse_gap = s.one(Histogram, "vllm:kv_block_reuse_gap_seconds",
                                "Histogram of time gaps between consecutive KV cache block accesses. "
                                "Only the most recent accesses are recorded (ring buffer). "
-                               "Every block (kvscope does not sample).", buckets=B.KV_CACHE_RESIDENCY)
+                               "Every block (kvscope does not sample).", buckets=buckets.KV_CACHE_RESIDENCY)
 
         self.max_model_len: int | None = None
         self._token_families: dict[str, Histogram] = {}
@@ -166,9 +166,9 @@ class VLLMFamilies:
         # counts start again, which Prometheus reads as a counter reset).
         for family in self._token_families.values():
             self.series.registry.unregister(family)
-        buckets = B.build_1_2_5_buckets(max_model_len)
+        token_buckets = buckets.build_1_2_5_buckets(max_model_len)
         self._token_families = {k: Histogram(name, doc, LABEL_NAMES, registry=self.series.registry,
-                                             buckets=buckets)
+                                             buckets=token_buckets)
                                 for k, (name, doc) in _TOKEN_HISTOGRAMS.items()}
         self.tokens = {k: f.labels(*self.series.values) for k, f in self._token_families.items()}
         self.max_model_len = max_model_len
