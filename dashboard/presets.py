@@ -36,11 +36,12 @@ TEMPLATE_SLACK = 24  # tokens a chat template and BOS may add around the text
 # Measured with smollm2-135m on the 2-core CPU box under load (~6): a 512-token prefill
 # chunk takes 1.3-4 s (longer as the context grows), a decode step of 8-16 requests
 # 0.19-0.3 s. Whole presets measured there: shared prompt 15.8 s, long + short 19.3 s,
-# forks 4.8 s, memory pressure (512-slot pool) 29.5 s.
+# forks 4.8 s, memory pressure 29.5 s on a 512-slot pool (64.7 s with the dashboard and
+# a browser beside it: hence the 256-slot pool).
 PREFILL_TPS = 150.0
 STEP_S = 0.25
 TIME_BUDGET_S = 30.0  # estimate per preset: half the minute a learner waits at most
-PRESSURE_SLOTS = 512  # a pool this small (in token slots) fills in seconds
+PRESSURE_SLOTS = 256  # a pool this small (in token slots) fills in seconds, even under load
 LONG_FACTOR = 3.5  # the long prompt: budgets' worth of tokens (>= 3, so >= 4 chunks)
 MAX_LONG_TOKENS = 2400  # a longer prefill alone would take ~10 s on the box
 NUM_SHORT = 6
