@@ -18,10 +18,9 @@ import time
 import pytest
 
 from dashboard.presets import PRESETS as BUILDERS
-from tests.dashboard.conftest import Server
 from tests.dashboard.test_browser import (
-    ARTIFACTS, CHROMIUM, DOCS, DOCS_MODE, VIEWPORT, Dashboard, _grid_legend, _health, _nav,
-    _need_chromium, _shot,
+    ARTIFACTS, CHROMIUM, DOCS, DOCS_MODE, VIEWPORT, _grid_legend, _health, _nav,
+    _need_chromium, _shot, serve_and_dash,
 )
 
 pytestmark = pytest.mark.slow
@@ -43,16 +42,8 @@ def stack(tmp_path):
     _need_chromium()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     db = str(tmp_path / "runs.sqlite")
-    server = Server(MODEL, db, [])  # the default engine: the pool a learner gets
-    try:
-        dash = Dashboard({"KVSCOPE_URL": server.url, "KVSCOPE_DB": db,
-                          "KVSCOPE_AUTOSTART": "0"}, ARTIFACTS / "streamlit-presets.log")
-    except BaseException:
-        server.stop()
-        raise
-    yield server, dash
-    dash.stop()
-    server.stop()
+    # the default engine: the pool a learner gets
+    yield from serve_and_dash(MODEL, db, [], "streamlit-presets.log")
 
 
 def _verdict(page, name: str, timeout_s: float) -> tuple[float, str]:
