@@ -12,6 +12,8 @@ import json
 import logging
 import sys
 
+from engine.core.sampling_params import CLI_TEMPERATURE_HELP
+
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine options shared by every command that starts an engine."""
@@ -26,6 +28,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument("--n-sharing", default="cow", choices=["cow", "prefix_cache"],
+                   help="how n > 1 samples share KV blocks: cow = copy-on-write forks "
+                   "(paper / vLLM v0), prefix_cache = child requests sharing full prompt "
+                   "blocks through the prefix cache (vLLM v1)")
     g.add_argument("--device", default="auto")
     g.add_argument("--dtype", default="auto")
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
@@ -43,9 +49,11 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine import LLM, SamplingParams
+    from engine.core.sampling_params import cli_temperature
 
     llm = LLM(**engine_kwargs(args))
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+    params = SamplingParams(temperature=cli_temperature(args.temperature, args.n), top_p=args.top_p,
+                            max_tokens=args.max_tokens,
                             n=args.n, seed=args.sampling_seed, stop=args.stop or [])
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
@@ -69,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(g)
     g.add_argument("prompts", nargs="+")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user chat message")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--temperature", type=float, default=None,
+                   help=CLI_TEMPERATURE_HELP)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--n", type=int, default=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from engine.core.config import check_block_size
+from engine.core.config import check_block_size, check_n_sharing
 from engine.core.errors import ConfigError
 from engine.kv_events.config import KVEventsConfig
 
@@ -41,6 +41,8 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     max_waiting: int = 0
     enable_events: bool = True
+    # n > 1 sharing: "cow" (paper / vLLM v0 forks) or "prefix_cache" (vLLM v1 child requests)
+    n_sharing: str = "cow"
     kv_events_config: KVEventsConfig | None = None  # vLLM-format KV cache events (engine.kv_events)
 
     def __post_init__(self) -> None:
@@ -61,6 +63,7 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         check_block_size(self.block_size)
+        check_n_sharing(self.n_sharing)
         self._check_kv_events()
 
     def _check_kv_events(self) -> None:

@@ -151,7 +151,10 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         req = Request(rid, ids, params, arrival_time=state.metrics.arrival_time,
                       eos_token_ids=self.spec.eos_token_ids, seed=seed)
-        self.scheduler.add_request(req)  # checks length and queue bound before it changes anything
+        # checks length and queue bound before it changes anything; with
+        # n_sharing="prefix_cache" it enters each sample as its own request
+        for sample in self.scheduler.add_request(req)[1:]:
+            state.expect_sample(sample.sample_index, sample.request_id)
         self.output_processor.add_request(state)
         return rid
 

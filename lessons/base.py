@@ -1,7 +1,9 @@
 """What a lesson is: narrative, questions, a scenario to run, and what the run answers.
 
 Plain Python with no torch import, so the dashboard can list lessons and show
-their text without loading a model. A lesson's ``run(ctx)`` gets a
+their text without loading a model. ``Lesson.models`` names the behaviours a lesson
+describes (``engine.events.versions``); its text tags each one with the vLLM version
+(or the paper) it follows, e.g. "[vLLM v1 (0.x)]". A lesson's ``run(ctx)`` gets a
 ``lessons.runner.LessonContext`` (which owns the engines) and returns a
 ``LessonResult`` whose answers are computed from the run, never written by hand.
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from engine.events.versions import Behaviour
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +71,17 @@ class Lesson:
     questions: tuple[Question, ...]
     takeaway: str
     run: Callable[[Any], LessonResult]
+    # the behaviours the lesson describes (engine.events.versions); its text tags each
+    # with the version of vLLM (or the paper) it follows
+    models: tuple[Behaviour, ...] = ()
 
     def catalog(self) -> dict[str, Any]:
         """Everything a learner sees before running the scenario (JSON-able)."""
         return {"number": self.number, "slug": self.slug, "title": self.title,
                 "short": self.short, "sections": list(self.sections),
-                "questions": [q.to_dict() for q in self.questions], "takeaway": self.takeaway}
+                "questions": [q.to_dict() for q in self.questions], "takeaway": self.takeaway,
+                "models": [{"key": b.key, "label": b.label, "what": b.what, "where": b.where}
+                           for b in self.models]}
 
     def check(self, result: LessonResult) -> None:
         """Every question answered, and each option one of the question's options."""

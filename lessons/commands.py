@@ -1,11 +1,13 @@
 """``kvscope lesson``: list the lessons, or run one on the real engine and explain it.
 
     kvscope lesson --list [--json]
-    kvscope lesson N [--model M] [--db PATH] [--json] [--no-record] [--device D]
+    kvscope lesson N [--model M] [--db PATH] [--json] [--no-record] [--device D] [--verbose]
 
 Text mode prints the narrative, each question with the answer computed from the
 run, the charts' numbers, the pool at the most telling step, the takeaway and the
-recorded run ids. ``--json`` prints one JSON document on stdout (the dashboard's
+recorded run ids, with the narrative's markdown rendered for a terminal
+(``lessons.terminal``) and the engine's INFO log lines hidden unless ``--verbose``.
+``--json`` prints one JSON document on stdout (the dashboard's
 Lessons page reads it); everything else goes to stderr. The document is the
 lesson's catalog entry (number, slug, title, short, sections, takeaway,
 questions [{key, prompt, options, kind, answer: {value, option, explanation}}])
@@ -19,11 +21,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 from typing import Any
 
+from lessons.terminal import render, wants_ansi
+
 MODEL_ENV = "KVSCOPE_LESSON_MODEL"  # default --model (tests point it at a tiny model)
+QUIET_LOGGERS = ("engine", "kvscope", "lessons")  # INFO from these is hidden unless --verbose
 
 
 def _catalog() -> list[dict[str, Any]]:
@@ -69,10 +75,14 @@ def format_chart(chart: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def format_lesson(doc: dict[str, Any]) -> str:
+def format_lesson(doc: dict[str, Any], ansi: bool = False) -> str:
+    """The lesson document as terminal text (markdown rendered by ``lessons.terminal``)."""
+    def md(text: str) -> str:
+        return render(text, ansi)
+
     title = f"Lesson {doc['number']}: {doc['title']}"
     out = [title, "=" * len(title), ""]
-    out += [s + "\n" for s in doc["sections"]]
+    out += [md(s) + "\n" for s in doc["sections"]]
     out.append(f"Scenario runs on {doc['model_name']} ({doc['elapsed_s']:.1f} s):")
     for r in doc["runs"]:
         c = r["config"]
@@ -82,26 +92,43 @@ def format_lesson(doc: dict[str, Any]) -> str:
     out += ["", "Predict, then look (answers computed from the run):"]
     for i, q in enumerate(doc["questions"], 1):
         a = q["answer"]
-        out.append(f"Q{i}. {q['prompt']}")
+        out.append(f"Q{i}. {md(q['prompt'])}")
         for letter, opt in zip("abcdefgh", q["options"]):
             out.append(f"     {letter}) {opt}")
         shown = a["option"] if a["option"] is not None else _fmt_value(a["value"])
         out.append(f"     answer: {shown}")
-        out.append(f"     why: {a['explanation']}")
+        out.append(f"     why: {md(a['explanation'])}")
         out.append("")
     out.append("What the run shows:")
     out += [format_chart(c) for c in doc["charts"]]
     pool = doc["pool"]
     out += ["", f"The pool at step {pool['step']} of {pool['label']}:", pool["text"], "",
-            f"Takeaway: {doc['takeaway']}"]
+            f"Takeaway: {md(doc['takeaway'])}"]
     if pool["run_id"]:
         out.append(f"Look closer: kvscope replay {pool['run_id']} --step {pool['step']}"
                    " (or the dashboard's Replay page)")
     return "\n".join(out)
 
 
-def cmd_lesson(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _quiet_logs(verbose: bool):
+    """INFO lines (model loading, pool sizes, runs recorded) would land in the middle of
+    the lesson's text; keep warnings and errors, everything with --verbose."""
+    if verbose:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, before):
+            lg.setLevel(level)
 
+
+def cmd_lesson(args: argparse.Namespace) -> int:
     if args.list or args.number is None:
         cat = _catalog()
         print(json.dumps(cat) if args.json else format_list(cat))
@@ -110,8 +137,13 @@ def cmd_lesson(args: argparse.Namespace) -> int:
         from lessons import get_lesson
 
         lesson = get_lesson(args.number)
+        verbose = args.lesson_verbose or getattr(args, "verbose", False)
+        if not args.json:
+            print(f"Running lesson {lesson.number} on {args.model} (loads the model once)...",
+                  file=sys.stderr, flush=True)
         # stdout carries only the JSON document; stray prints from libraries go to stderr
-        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout), \
+                _quiet_logs(verbose):
             from lessons.runner import run_lesson
 
             doc = run_lesson(lesson, args.model, db=args.db, record=args.record,
@@ -121,7 +153,7 @@ def cmd_lesson(args: argparse.Namespace) -> int:
             print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
         print(f"kvscope lesson: error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(doc, default=str) if args.json else format_lesson(doc))
+    print(json.dumps(doc, default=str) if args.json else format_lesson(doc, wants_ansi(sys.stdout)))
     return 0
 
 
@@ -141,4 +173,6 @@ def add_lesson_subcommands(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (lessons run tiny batches; 1 is usually fastest)")
     p.add_argument("--width", type=int, default=32, help="blocks per row of the pool grid")
+    p.add_argument("--verbose", dest="lesson_verbose", action="store_true",
+                   help="show the engine's INFO log lines (model loading, pool sizes, runs)")
     p.set_defaults(func=cmd_lesson)

@@ -6,6 +6,8 @@ from engine.events.baseline import (
     BaselineConfig, Reservation, compare, paged_steps, simulate, trace_from_records,
 )
 
+from engine.events.versions import CONTIGUOUS_BASELINE, PAGING
+
 from lessons.base import Answer, Lesson, LessonResult, Question, bars, lines, pct
 from lessons.scenario import Req, greedy
 
@@ -21,16 +23,16 @@ SECTIONS = (
 so the engine keeps each token's *key* and *value* vectors (per layer) instead of
 recomputing them. That KV cache grows by one entry per token per layer, and it is
 what limits how many requests a server can run at once.""",
-    """**Contiguous allocation.** Before PagedAttention, servers gave each request one
+    f"""**Contiguous allocation.** Before PagedAttention, servers gave each request one
 contiguous region of KV memory, sized up front because nobody knows how long the answer
-will be. That wastes memory three ways (the PagedAttention paper's terms):
+will be {CONTIGUOUS_BASELINE.tag()}. That wastes memory three ways (the PagedAttention paper's terms):
 - *reservation*: slots held for tokens the request will generate later, idle until then;
 - *internal fragmentation*: slots reserved for tokens that never come, because the answer
   ends before the size reserved for it (`max_model_len` is the extreme case);
 - *external fragmentation*: free slots scattered in holes between regions, so a request
   waits although enough memory is free, just not in one piece.""",
-    """**Paging.** kvscope splits the pool into fixed-size *blocks* (here 16 token slots)
-and hands a request one block at a time, as its tokens arrive. Any free block fits any
+    f"""**Paging.** kvscope splits the pool into fixed-size *blocks* (here 16 token slots)
+and hands a request one block at a time, as its tokens arrive {PAGING.tag()}. Any free block fits any
 request, so there is no external fragmentation, and the only waste is the unfilled part
 of each request's last block.
 
@@ -122,5 +124,5 @@ LESSON = Lesson(
     takeaway="Reserving KV memory up front, in one piece, wastes it on tokens that may never "
     "come and on holes between regions. Paging allocates a block at a time, as tokens "
     "arrive, so the only waste is less than one block per request, and more requests fit.",
-    run=run,
+    run=run, models=(CONTIGUOUS_BASELINE, PAGING),
 )

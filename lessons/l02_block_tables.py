@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from engine.events.types import BlockAllocated, RequestProgress, RequestScheduled
 
+from engine.events.versions import PAGING
+
 from lessons.base import Answer, Lesson, LessonResult, Question, lines, table
 from lessons.scenario import Req, greedy
 
@@ -14,10 +16,11 @@ SECTIONS = (
     """**Blocks.** The KV pool is an array of *physical blocks*, each with `block_size`
 token slots (8 here, so you can count along). A block is the unit of allocation:
 a request never owns half a block.""",
-    """**Block tables.** Each request has a *block table*: entry *i* is the physical block
+    f"""**Block tables.** Each request has a *block table*: entry *i* is the physical block
 that holds its tokens *i·block_size* to *(i+1)·block_size − 1*. Attention reads a
 request's keys and values through its table, so the blocks do not have to sit next
-to each other, much as a page table lets a process's memory be scattered in RAM.
+to each other, much as a page table lets a process's memory be scattered in RAM
+{PAGING.tag()}.
 
 Token *t* of a request lives in slot `t % block_size` of block `table[t // block_size]`.""",
     """**Growth.** A prompt gets the blocks for its tokens when it is prefilled (all at
@@ -105,5 +108,5 @@ LESSON = Lesson(
     takeaway="A request's KV lives in fixed-size blocks found through its block table, so it "
     "grows one block at a time, anywhere in the pool. Waste is bounded by one partly filled "
     "block per request.",
-    run=run,
+    run=run, models=(PAGING,),
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from engine.events.versions import FULL_BLOCK_HASHING, PAGING
+
 from lessons.base import Answer, Lesson, LessonResult, Question, argmax_option, bars, pct
 from lessons.scenario import Req, greedy
 
@@ -12,12 +14,13 @@ SYSTEM, SUFFIXES, MAX_TOKENS = 40, (24, 30, 34), 4
 QUESTIONS_ASKED = ("What is a tide?", "Why is the sky blue?", "How do bees fly?")
 
 SECTIONS = (
-    """**One knob, three effects.** `block_size` is how many token slots one KV block holds.
-It is fixed when the engine starts (it shapes the KV tensors), and it trades off:
+    f"""**One knob, three effects.** `block_size` is how many token slots one KV block holds
+{PAGING.tag()}. It is fixed when the engine starts (it shapes the KV tensors), and it
+trades off:
 - *internal fragmentation*: a request's last block is on average half empty, so bigger
   blocks waste more slots per request;
 - *hit granularity*: the prefix cache hashes and matches only whole blocks, so a shared
-  prefix is reused in multiples of `block_size`, rounded down;
+  prefix is reused in multiples of `block_size`, rounded down {FULL_BLOCK_HASHING.tag()};
 - *kernel efficiency*: on a GPU, bigger blocks mean fewer table lookups and longer
   contiguous reads per block, so attention tends to run faster (up to a point).""",
     """**The sweep.** The same 3 requests run four times, with `block_size` 8, 16, 32 and 64
@@ -87,5 +90,5 @@ LESSON = Lesson(
     short="block_size sweep", sections=SECTIONS, questions=QUESTIONS,
     takeaway="Small blocks waste less and share prefixes at a finer grain; large blocks are "
     "kinder to GPU kernels. 16 is the usual compromise (vLLM's default).",
-    run=run,
+    run=run, models=(PAGING, FULL_BLOCK_HASHING),
 )

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 from engine.events.metrics import MISS_CAUSES
+from engine.events.versions import (
+    FULL_BLOCK_HASHING, HIT_CAP, LRU_EVICTION, MISS_CAUSE_SPLIT, SCHEDULE_TIME_HASHING,
+)
 
 from lessons.base import Answer, Lesson, LessonResult, Question, bars, pct
 from lessons.scenario import Req, greedy
@@ -19,23 +22,26 @@ SECTIONS = (
     """**Reusing KV across requests.** Many requests start with the same tokens: a system
 prompt, a few-shot preamble, the earlier turns of a chat. Their keys and values are the
 same too, so the engine can reuse them instead of recomputing them.""",
-    """**How the cache finds a prefix.** When a block is full, it gets a hash of
+    f"""**How the cache finds a prefix.** When a block is full, it gets a hash of
 *(parent block's hash, its tokens)*. Chaining the parent makes the hash stand for the
-whole prefix up to that block. As in vLLM, the hash is given when the step that fills
-the block is scheduled, so a request admitted later in that same step already hits it:
-the step's one forward writes the block's keys and values before any token attends. A new request hashes its prompt block by block and takes
-the longest run of blocks already in the cache: those become the first entries of its
-block table, shared (reference counted), and their tokens are not computed again.
-A freed block keeps its hash and stays hittable until the pool needs it back.
+whole prefix up to that block {FULL_BLOCK_HASHING.tag()}. The hash is given when the step
+that fills the block is scheduled, so a request admitted later in that same step already
+hits it: the step's one forward writes the block's keys and values before any token
+attends {SCHEDULE_TIME_HASHING.tag()}. A new request hashes its prompt block by block and
+takes the longest run of blocks already in the cache: those become the first entries of
+its block table, shared (reference counted), and their tokens are not computed again.
+A freed block keeps its hash and stays hittable until the pool needs it back
+{LRU_EVICTION.tag()}.
 
 Only *full* blocks are hashed. A hit never covers the last prompt token either, because
-the engine needs that token's logits to sample.""",
+the engine needs that token's logits to sample {HIT_CAP.tag()}.""",
     f"""**The scenario.** Four questions arrive one step apart, each after the same
 {LONG_PREFIX}-token system prompt, with `block_size` {BLOCK_SIZE}. Then the same four
 questions with a shared prefix of only {SHORT_PREFIX} tokens. Finally the first workload
 again with block sizes 8, 32 and 64, to see how the hit rate depends on the block size.
 Misses are split by cause: *cold* (never cached), *evicted*, *partial* (the block holds
-tokens that are not shared, or the unfinished last block) and *disabled*.""",
+tokens that are not shared, or the unfinished last block) and *disabled*
+{MISS_CAUSE_SPLIT.tag()}.""",
 )
 
 
@@ -120,5 +126,6 @@ LESSON = Lesson(
     takeaway="The prefix cache reuses whole blocks of a shared prefix, found by chained "
     "hashes. A shared prefix is reused only up to its last full block, so one shorter than "
     "a block is never reused, and bigger blocks reuse less.",
-    run=run,
+    run=run, models=(FULL_BLOCK_HASHING, SCHEDULE_TIME_HASHING, LRU_EVICTION, HIT_CAP,
+                     MISS_CAUSE_SPLIT),
 )

@@ -6,6 +6,8 @@ from engine.events.types import (
     BlockAllocated, BlockCached, BlockEvicted, RequestFinished, RequestPreempted,
 )
 
+from engine.events.versions import HASHLESS_FIRST, LRU_EVICTION, PREEMPT_NEWEST, TAIL_FIRST_FREE
+
 from lessons.base import Answer, Lesson, LessonResult, Question, lines, table
 from lessons.scenario import Req, greedy
 
@@ -19,21 +21,31 @@ VICTIM = ("the one that arrived last", "the one that arrived first", "another on
 SAME = ("yes, token for token", "no, they differ")
 
 SECTIONS = (
-    """**When the pool runs out.** Paging lets a server admit requests without reserving
+    f"""**When the pool runs out.** Paging lets a server admit requests without reserving
 their whole future length, but then the pool can run out while they grow. The engine has
 two ways to get blocks back.
 
 **Eviction.** A finished request's full blocks keep their hashes and sit in the *free
 queue*, still hittable by the prefix cache. The queue is LRU: a block freed long ago is
-reused first, and reusing a cached block drops its hash (an *eviction*). Blocks without
-a hash are reused before any cached one. A request's blocks are freed tail first, so
-its last block is evicted before its first: the start of a prompt (a system prompt,
-say) is the part most likely to be shared, so it is kept longest.""",
-    """**Preemption by recompute.** When a running request needs a block and none is free,
+reused first, and reusing a cached block drops its hash (an *eviction*)
+{LRU_EVICTION.tag()}. Blocks without a hash are reused before any cached one
+{HASHLESS_FIRST.tag()}. A request's blocks are freed tail first, so its last block is
+evicted before its first: the start of a prompt (a system prompt, say) is the part most
+likely to be shared, so it is kept longest {TAIL_FIRST_FREE.tag()}.""",
+    f"""**Preemption by recompute.** When a running request needs a block and none is free,
 the scheduler *preempts* the most recently arrived running request: it frees all its
-blocks and puts it back at the front of the waiting queue. Later the request is
-prefilled again from its prompt *and the tokens it had already generated*, so nothing is
-lost but compute, and greedy decoding gives exactly the same output.""",
+blocks and puts it back at the front of the waiting queue {PREEMPT_NEWEST.tag()}. Later the
+request is prefilled again from its prompt *and the tokens it had already generated*, so
+nothing is lost but compute.
+
+**Does recompute change the output?** In exact arithmetic, no, and the run below
+checks it token for token on its device (on kvscope's CPU build it holds). On GPUs it
+can: the recompute runs the same tokens as one long prefill instead of one-token decodes,
+in a batch of another shape, and kernels whose reduction order depends on the batch
+shape (split-K matmuls, split attention, fp16/bf16 rounding) can move a logit in its last
+bits, enough to flip a greedy token that was a near tie; from there the text differs.
+vLLM makes no batch-invariance promise by default; its `VLLM_BATCH_INVARIANT=1` mode
+(beta, recent GPUs) is there for callers that need one.""",
     f"""**The scenario.** A pool of {SMALL} blocks of {BLOCK_SIZE} slots. First one request with a
 {WARM}-token prompt runs and finishes; its 3 full blocks stay cached. Then four requests
 arrive that will each need 4 blocks ({len(PROMPTS)} x 4 = 16 > {SMALL}). The same workload also
@@ -73,6 +85,7 @@ def run(ctx) -> LessonResult:
 
     rids = [r.request_id for r in work]
     same = {rid: small.outputs[rid]["token_ids"] == big.outputs[rid]["token_ids"] for rid in rids}
+    device = str(small.config.get("device", "cpu"))
     n_pre, n_ev = small.final("num_preemptions", 0), small.final("num_evictions", 0)
     answers = {
         "evict_first": Answer(
@@ -95,10 +108,12 @@ def run(ctx) -> LessonResult:
             {"identical": all(same.values()), "per_request": same, "preemptions": n_pre},
             option=SAME[0] if all(same.values()) else SAME[1],
             explanation=f"With {n_pre} preemptions on the {SMALL}-block pool and none on the "
-            f"{BIG}-block pool, the greedy outputs were "
-            + ("identical for every request: recompute rebuilds exactly the same KV."
+            f"{BIG}-block pool, the greedy outputs (on {device}) were "
+            + ("identical for every request: recompute rebuilt the same KV here. On a GPU, "
+               "batch-shape-dependent kernels can change a recomputed greedy token."
                if all(same.values()) else
-               f"different for {[r for r, s in same.items() if not s]}.")),
+               f"different for {[r for r, s in same.items() if not s]}: the recompute's "
+               "numerics differed from the decodes' (batch-shape-dependent kernels).")),
     }
     events = []
     for r in small.records:
@@ -118,7 +133,7 @@ def run(ctx) -> LessonResult:
             f"{BIG}-block pool": (big.steps, big.series("num_used_blocks"))}, y_label="blocks"),
         table("Evictions and preemptions, in order", ["step", "what", "detail"], events[:24]),
     ]
-    facts = {"preemptions": n_pre, "evictions": n_ev, "first_evicted_logical_index": idx,
+    facts = {"device": device, "preemptions": n_pre, "evictions": n_ev, "first_evicted_logical_index": idx,
              "first_preempted": first_pre.request_id, "greedy_identical": all(same.values()),
              "steps": {"small": len(small.records), "big": len(big.records)}}
     return LessonResult(answers, charts, (small, first_pre.step), facts)
@@ -138,6 +153,8 @@ LESSON = Lesson(
     short="memory pressure", sections=SECTIONS, questions=QUESTIONS,
     takeaway="Under pressure the engine first reuses free blocks (uncached ones, then cached "
     "ones in LRU order, tails before heads), then preempts the newest running request and "
-    "recomputes it later. Preemption costs time, never correctness.",
-    run=run,
+    "recomputes it later. Preemption costs time; the output is the same in exact arithmetic "
+    "(and on this CPU build), but on GPUs batch-shape-dependent numerics can change a "
+    "recomputed greedy token.",
+    run=run, models=(LRU_EVICTION, HASHLESS_FIRST, TAIL_FIRST_FREE, PREEMPT_NEWEST),
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engine.core import KVScopeError
 from engine.events.types import RequestScheduled
+from engine.events.versions import KV_BUDGET
 
 from lessons.base import Answer, Lesson, LessonResult, Question, bars, lines, table
 from lessons.scenario import Req, greedy
@@ -24,10 +25,10 @@ every layer:
 
 Grouped-query attention (fewer KV heads than query heads) shrinks this; so does a
 smaller dtype.""",
-    """**From a budget to blocks.** The engine turns a memory budget into a block count once,
+    f"""**From a budget to blocks.** The engine turns a memory budget into a block count once,
 at start-up: `num_blocks = budget // bytes_per_block`. On a GPU the budget is
 `total memory x gpu_memory_utilization` minus what a profiling forward pass at the
-largest batch used (weights and activations), as in vLLM. On a CPU kvscope takes
+largest batch used (weights and activations) {KV_BUDGET.tag()}. On a CPU kvscope takes
 `kv_cache_memory` bytes, or an explicit `num_kv_blocks`. Given neither, it takes 1 GiB,
 but no more than `max_num_seqs` full-length sequences can use (vLLM reports that
 figure at start-up as the "maximum concurrency"), so a tiny model is not handed a pool
@@ -119,5 +120,5 @@ LESSON = Lesson(
     takeaway="Memory budget // bytes per block = blocks; blocks // blocks per max_model_len "
     "sequence = the sequences guaranteed to fit at once. The engine checks this at start-up "
     "and refuses a pool that cannot hold even one.",
-    run=run,
+    run=run, models=(KV_BUDGET,),
 )

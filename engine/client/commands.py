@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from engine.core.sampling_params import CLI_TEMPERATURE_HELP, cli_temperature
 from engine.protocol.handshake import TOKEN_ENV
 
 
@@ -19,7 +20,8 @@ def add_client_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token", default=None, help=f"server token (default ${TOKEN_ENV})")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     p.add_argument("--n", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=None,
+                   help=CLI_TEMPERATURE_HELP)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=None)
@@ -37,7 +39,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from engine.client import KVScopeClient, ServerError
     from engine.protocol import Finished, Output, encode
 
-    params = {"n": args.n, "temperature": args.temperature, "top_p": args.top_p,
+    params = {"n": args.n, "temperature": cli_temperature(args.temperature, args.n), "top_p": args.top_p,
               "max_tokens": args.max_tokens, "seed": args.seed, "stop": args.stop or []}
     kwargs = ({"messages": [{"role": "user", "content": args.prompt}]} if args.chat
               else {"prompt": args.prompt})
@@ -46,6 +48,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         client.connect(wait=args.wait)
         rid = client.submit(params=params, **kwargs)
         finished: Finished | None = None
+        if args.n > 1 and not args.json:  # every sample gets a header, sample 0 too
+            print("--- sample 0", flush=True)
         for msg in client.stream(rid):
             if isinstance(msg, Output) and msg.index == 0 and not args.json:
                 sys.stdout.write(msg.text_delta)

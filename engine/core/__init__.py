@@ -3,8 +3,8 @@
 from engine.core.block_pool import Block, BlockPool, FreeBlockQueue
 from engine.core.config import CacheConfig, SchedulerConfig, check_capacity
 from engine.core.errors import (
-    ConfigError, KVCacheTooSmallError, KVScopeError, PromptTooLongError, QueueFullError,
-    SamplingParamsError,
+    ConfigError, EmptyPromptError, KVCacheTooSmallError, KVScopeError, PromptTooLongError,
+    QueueFullError, SamplingParamsError,
 )
 from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
 from engine.core.event_log import EventLog
@@ -16,7 +16,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 
 __all__ = [
-    "Block", "BlockPool", "CacheConfig", "ConfigError", "EngineCoreOutput", "EngineCoreOutputs",
+    "Block", "BlockPool", "CacheConfig", "ConfigError", "EmptyPromptError", "EngineCoreOutput", "EngineCoreOutputs",
     "EventLog", "FreeBlockQueue", "KVCacheManager", "KVCacheTooSmallError", "KVScopeError",
     "ModelRunnerOutput", "NewRequestData", "PrefixMatch", "PromptTooLongError", "QueueFullError",
     "Request", "RequestStatus", "SampledToken", "SamplingParams", "SamplingParamsError",

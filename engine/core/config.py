@@ -15,6 +15,13 @@ from engine.core.errors import ConfigError, KVCacheTooSmallError
 
 MAX_BLOCK_SIZE = 1024  # tokens; vLLM's largest supported block is far smaller
 
+# How the samples of an ``n > 1`` request share KV blocks (engine.events.versions.N_SHARING):
+# "cow" forks them after the prompt, sharing every block, the partial last one too, and
+# copies a shared block before a write (the PagedAttention paper, vLLM v0); "prefix_cache"
+# runs them as n separate child requests that share full prompt blocks through the prefix
+# cache, each with its own partial last block (vLLM v1's parallel sampling).
+N_SHARING_MODES = ("cow", "prefix_cache")
+
 
 def check_block_size(block_size) -> None:
     """Raise ConfigError unless ``block_size`` is an integer in [1, MAX_BLOCK_SIZE]."""
@@ -47,6 +54,7 @@ class SchedulerConfig:
 
     ``long_prefill_token_threshold`` (0 = off) caps one request's tokens per step.
     ``max_waiting`` bounds the waiting queue (0 = unbounded).
+    ``n_sharing`` is how ``n > 1`` samples share blocks (``N_SHARING_MODES``).
     """
 
     max_model_len: int = 2048
@@ -55,8 +63,10 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     max_waiting: int = 0
+    n_sharing: str = "cow"
 
     def __post_init__(self) -> None:
+        check_n_sharing(self.n_sharing)
         for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -72,6 +82,13 @@ class SchedulerConfig:
                 f"max_model_len ({self.max_model_len}); raise the budget, lower max_model_len, "
                 f"or enable chunked prefill"
             )
+
+
+def check_n_sharing(n_sharing) -> None:
+    """Raise ConfigError unless ``n_sharing`` is one of ``N_SHARING_MODES``."""
+    if n_sharing not in N_SHARING_MODES:
+        raise ConfigError(f"n_sharing must be one of {', '.join(map(repr, N_SHARING_MODES))}, "
+                          f"got {n_sharing!r}")
 
 
 def check_capacity(cache: CacheConfig, sched: SchedulerConfig) -> None:

@@ -23,3 +23,7 @@ class KVCacheTooSmallError(KVScopeError):
 
 class QueueFullError(KVScopeError):
     """The bounded waiting queue is full; retry later."""
+
+
+class EmptyPromptError(KVScopeError):
+    """A prompt has no tokens (nothing to attend to, no logits to sample from)."""

@@ -17,6 +17,18 @@ MAX_N = 128  # samples per request; OpenAI's limit for n
 MAX_TOKENS_LIMIT = 1 << 20  # above any max_model_len one kvscope machine holds; bounds every count
 
 
+CLI_TEMPERATURE_HELP = ("sampling temperature (default: 0, greedy, for one sample; 1.0 when "
+                        "--n > 1, since greedy samples of one prompt are all the same)")
+
+
+def cli_temperature(temperature: float | None, n: int) -> float:
+    """The temperature a command line uses: the one given, else greedy (0) for one sample
+    and 1.0 for ``n > 1``, since ``n`` greedy samples of one prompt are all the same."""
+    if temperature is not None:
+        return temperature
+    return 1.0 if n > 1 else 0.0
+
+
 def is_greedy(temperature: float) -> bool:
     """Whether a row with this temperature is sampled by argmax (the one definition)."""
     return temperature < GREEDY_TEMPERATURE
@@ -27,8 +39,8 @@ class SamplingParams:
     """Per-request sampling settings, validated on construction.
 
     ``temperature`` below ``GREEDY_TEMPERATURE`` (0 in practice) is greedy. ``n > 1``
-    forks the request after its prompt is prefilled: the children share every KV block
-    copy-on-write. Every numeric field is range-checked here, so a value that passes
+    gives n samples; how they share KV blocks is the engine's ``n_sharing``
+    (``engine.core.config.N_SHARING_MODES``). Every numeric field is range-checked here, so a value that passes
     cannot overflow anywhere later (issue 17); ``top_k`` against the vocabulary is the
     engine's check, since only it knows the vocabulary.
     """

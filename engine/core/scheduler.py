@@ -8,6 +8,11 @@ unfinished chunks, in arrival order), then waiting ones (FCFS). When blocks run
 out, the most recently arrived running request is preempted: its blocks are
 freed and it goes back to the front of ``waiting`` to be recomputed.
 
+``n > 1`` (``SchedulerConfig.n_sharing``): "cow" forks the request at its first sample
+(``Request.fork``, ``KVCacheManager.fork``: every block shared, copy-on-write later);
+"prefix_cache" enters its n samples as separate requests at admission
+(``engine.core.parallel_sampling``), sharing full prompt blocks through the prefix cache.
+
 The step clock: ``EventLog.step`` is the one counter (the step events logged now
 belong to); only the Scheduler advances it, when ``update_from_output`` closes a
 step. ``Scheduler.step`` (the last scheduled step) and the engine's ``StepRecord.seq``
@@ -22,10 +27,11 @@ from collections import deque
 
 from engine.core.config import CacheConfig, SchedulerConfig, check_capacity
 from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
-from engine.core.errors import PromptTooLongError, QueueFullError
+from engine.core.errors import EmptyPromptError, PromptTooLongError, QueueFullError
 from engine.core.event_log import EventLog
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.model_runner_output import ModelRunnerOutput
+from engine.core.parallel_sampling import fan_out
 from engine.core.request import Request, RequestStatus, child_request_id
 from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from engine.core.snapshot import build_snapshot, summarize_pool
@@ -62,29 +68,41 @@ class Scheduler:
 
     # ---- requests in and out -----------------------------------------------
 
-    def add_request(self, req: Request) -> None:
-        """Queue a new request; raises for a prompt that cannot fit or a full queue."""
+    def add_request(self, req: Request) -> list[Request]:
+        """Queue a new request; raises for a prompt that cannot fit or a full queue, and
+        then changes nothing. Returns the requests entered: ``req`` alone, or with
+        ``n_sharing="prefix_cache"`` and ``n > 1`` its n samples as separate requests
+        (``engine.core.parallel_sampling``), in arrival order."""
         n, limit = req.num_prompt_tokens, self.config.max_model_len
         if n == 0:
-            raise PromptTooLongError("the prompt is empty; give at least one token")
+            raise EmptyPromptError("the prompt is empty; give at least one token")
         if n >= limit:
             raise PromptTooLongError(
                 f"the prompt has {n} tokens but max_model_len is {limit} (room is needed for at "
                 f"least one generated token); shorten the prompt or raise max_model_len"
             )
-        if req.request_id in self.requests:
-            raise ValueError(f"request id {req.request_id!r} is already in use")
-        if self.config.max_waiting and len(self.waiting) >= self.config.max_waiting:
+        fan = self.config.n_sharing == "prefix_cache" and req.params.n > 1
+        ids = [req.request_id] + ([child_request_id(req.request_id, k)
+                                   for k in range(1, req.params.n)] if fan else [])
+        taken = [i for i in ids if i in self.requests]
+        if taken:
+            raise ValueError(f"request id {taken[0]!r} is already in use")
+        if self.config.max_waiting and len(self.waiting) + len(ids) > self.config.max_waiting:
             raise QueueFullError(
-                f"the waiting queue is full ({self.config.max_waiting} requests); retry later"
+                f"the waiting queue is full ({self.config.max_waiting} requests"
+                + (f"; this one needs room for its {len(ids)} samples" if fan else "")
+                + "); retry later"
             )
-        req.arrival_index = self._next_arrival
-        self._next_arrival += 1
-        req.status = RequestStatus.WAITING
-        self.requests[req.request_id] = req
-        self.waiting.append(req)
-        self.log.add(RequestArrived(self.log.step, req.request_id, n, tuple(req.prompt_token_ids),
-                                    req.arrival_index))
+        entered = fan_out(req) if fan else [req]
+        for r in entered:
+            r.arrival_index = self._next_arrival
+            self._next_arrival += 1
+            r.status = RequestStatus.WAITING
+            self.requests[r.request_id] = r
+            self.waiting.append(r)
+            self.log.add(RequestArrived(self.log.step, r.request_id, n, tuple(r.prompt_token_ids),
+                                        r.arrival_index, r.parent_id))
+        return entered
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """Finish or abort a request now, wherever it is; frees its blocks."""

@@ -166,7 +166,8 @@ def _arrived(s: PoolState, e: RequestArrived) -> None:
     if e.request_id in s.requests:
         raise ImpossibleEventError(f"request_arrived at step {e.step}: {e.request_id!r} exists")
     s.requests[e.request_id] = RequestState(RequestStatus.WAITING, [], e.num_prompt_tokens, 0,
-                                            0, list(e.prompt_token_ids), None, e.arrival_index)
+                                            0, list(e.prompt_token_ids), e.parent_id,
+                                            e.arrival_index)
 
 
 def _forked(s: PoolState, e: RequestForked) -> None:

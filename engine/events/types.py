@@ -34,6 +34,9 @@ Semantics the reducer relies on (writer: ``engine.core``):
   table's place; its reference to ``src`` is dropped, leaving
   ``src_ref_count`` (>= 1, so src never becomes free here). No ``block_freed``
   accompanies it. The runner copies src → dst before the step's forward.
+- ``request_arrived``: a waiting request with no blocks. ``parent_id`` is set for
+  sample k > 0 of an ``n > 1`` request entered as its own request (vLLM v1's parallel
+  sampling, ``n_sharing="prefix_cache"``): it shares blocks only through prefix hits.
 - ``request_scheduled``: ``phase`` is a ``ScheduledPhase``.
 - ``request_progress``: absolute ``num_tokens``/``num_computed_tokens`` after the
   step's update, plus the tokens appended this step.
@@ -197,6 +200,7 @@ class RequestArrived(Event):
     num_prompt_tokens: int
     prompt_token_ids: tuple[int, ...] = ()
     arrival_index: int = 0
+    parent_id: str | None = None  # a sample k > 0 entered as its own request (n_sharing="prefix_cache")
 
 
 @dataclass(frozen=True, slots=True)

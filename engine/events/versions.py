@@ -63,7 +63,7 @@ PAGING = Behaviour(
     "paging", f"{PAPER}, all vLLM",
     "KV memory in fixed-size blocks found through per-request block tables.")
 CONTIGUOUS_BASELINE = Behaviour(
-    "contiguous_baseline", "before PagedAttention (the paper's baseline)",
+    "contiguous_baseline", "the paper's baseline: servers before PagedAttention",
     "one contiguous KV region per request, reserved up front.")
 COPY_ON_WRITE = Behaviour(
     "copy_on_write", PAPER_V0,
@@ -75,6 +75,11 @@ PREFIX_CACHE_SAMPLES = Behaviour(
     "n > 1 runs as n child requests that share full prompt blocks through prefix-cache "
     "hits; no copy-on-write, each child owns its partial last block (n_sharing='prefix_cache').",
     "vllm/v1/engine/parallel_sampling.py ParentRequest")
+FULL_BLOCK_HASHING = Behaviour(
+    "full_block_hashing", V0_AND_V1,
+    "the prefix cache hashes only full blocks, each hash chained to its parent's, so a hit "
+    "is a run of whole blocks from the start of the prompt.",
+    "vllm/v1/core/kv_cache_utils.py hash_block_tokens; vllm/core/block/prefix_caching_block.py")
 SCHEDULE_TIME_HASHING = Behaviour(
     "schedule_time_hashing", V1,
     "a full block is hashed when the step that fills it is scheduled, so a request admitted "
@@ -119,15 +124,15 @@ KV_BUDGET = Behaviour(
     "the KV budget is fixed at start-up (gpu_memory_utilization minus a profiled forward) "
     "and reported as the maximum concurrency of max_model_len sequences.",
     "vllm/v1/core/kv_cache_utils.py get_kv_cache_config")
-MISS_CAUSES = Behaviour(
+MISS_CAUSE_SPLIT = Behaviour(
     "miss_causes", KVSCOPE,
     "prefix-cache misses split by cause (cold, evicted, partial, disabled); vLLM counts "
     "only queries and hits.")
 
 BEHAVIOURS: tuple[Behaviour, ...] = (
-    PAGING, CONTIGUOUS_BASELINE, COPY_ON_WRITE, PREFIX_CACHE_SAMPLES, SCHEDULE_TIME_HASHING,
-    HIT_CAP, TAIL_FIRST_FREE, LRU_EVICTION, HASHLESS_FIRST, UNIFIED_SCHEDULE, LONG_PREFILL_CAP,
-    PREEMPT_NEWEST, KV_BUDGET, MISS_CAUSES,
+    PAGING, CONTIGUOUS_BASELINE, COPY_ON_WRITE, PREFIX_CACHE_SAMPLES, FULL_BLOCK_HASHING,
+    SCHEDULE_TIME_HASHING, HIT_CAP, TAIL_FIRST_FREE, LRU_EVICTION, HASHLESS_FIRST,
+    UNIFIED_SCHEDULE, LONG_PREFILL_CAP, PREEMPT_NEWEST, KV_BUDGET, MISS_CAUSE_SPLIT,
 )
 
 # EngineConfig.n_sharing's values and the behaviour each models.

@@ -111,6 +111,9 @@ class RequestState:
     aborted: bool = False
     # chars a stream holds back when a stop string may be cut from the output (vLLM's)
     holdback: int = 0
+    # core ids of samples entered as their own requests before their first output
+    # (n_sharing="prefix_cache"), by sample index: an abort must finish them too
+    pending_samples: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         p = self.params
@@ -131,9 +134,16 @@ class RequestState:
         return self.aborted or (len(self.samples) == self.params.n and all(
             s.finish_reason is not None for s in self.samples.values()))
 
+    def expect_sample(self, index: int, core_request_id: str) -> None:
+        """Sample ``index`` runs as core request ``core_request_id`` from admission on
+        (vLLM v1's child requests); its ``SampleState`` is still made on its first output."""
+        self.pending_samples[index] = core_request_id
+
     def unfinished_request_ids(self) -> list[str]:
-        """Core ids of the samples still running (what an abort must finish)."""
-        return [s.request_id for s in self.samples.values() if s.finish_reason is None]
+        """Core ids of the samples still running, or entered and not yet heard from
+        (what an abort must finish)."""
+        return [s.request_id for s in self.samples.values() if s.finish_reason is None] + [
+            rid for k, rid in self.pending_samples.items() if k not in self.samples]
 
     def output(self) -> RequestOutput:
         """Current state plus the deltas since the previous call."""

@@ -19,6 +19,7 @@ class ErrorCode:
     BAD_REQUEST = "bad_request"            # missing/ill-typed fields, bad token ids, ...
     BAD_PARAMS = "bad_params"              # sampling params invalid or out of range
     PROMPT_TOO_LONG = "prompt_too_long"
+    EMPTY_PROMPT = "empty_prompt"          # no tokens to generate from (or a chat of empty messages)
     QUEUE_FULL = "queue_full"              # the engine's waiting queue is full
     BUSY = "busy"                          # the engine thread's command queue is full
     TOO_MANY_IN_FLIGHT = "too_many_in_flight"  # this connection's in-flight limit

@@ -25,7 +25,7 @@ from engine.protocol.errors import ErrorCode, ProtocolError
 # Engine options a client may change with ``restart``: pool and scheduler shape only.
 # The model, device and anything touching files stay as the operator started them.
 RESTART_KEYS = ("block_size", "num_kv_blocks", "max_num_batched_tokens", "max_num_seqs",
-                "max_model_len", "enable_prefix_caching", "enable_chunked_prefill",
+                "max_model_len", "enable_prefix_caching", "enable_chunked_prefill", "n_sharing",
                 "long_prefill_token_threshold")
 
 
@@ -128,6 +128,12 @@ def _check_input(prompt: Any, messages: Any, rid: str | None) -> None:
             and all(isinstance(m, dict) and isinstance(m.get("role"), str)
                     and isinstance(m.get("content"), str) for m in messages)):
         raise bad("messages must be a non-empty list of {'role': str, 'content': str}")
+    if prompt is not None and len(prompt) == 0:
+        raise ProtocolError(ErrorCode.EMPTY_PROMPT, "the prompt is empty; give some text or "
+                            "token ids", rid, "submit")
+    if messages is not None and not any(m["content"].strip() for m in messages):
+        raise ProtocolError(ErrorCode.EMPTY_PROMPT, "every chat message is empty; write at least "
+                            "one message", rid, "submit")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.core import KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError
+from engine.core import (
+    EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError,
+)
 from engine.events.step import StepRecord
 from engine.events.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
@@ -211,6 +213,7 @@ class EngineWorker(threading.Thread):
                                     messages=cmd.messages)
         except KVScopeError as exc:
             code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
+                    ErrorCode.EMPTY_PROMPT if isinstance(exc, EmptyPromptError) else
                     ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else
                     ErrorCode.BAD_PARAMS if isinstance(exc, SamplingParamsError) else ErrorCode.BAD_REQUEST)
             self._reply(sink, Error(code, str(exc), rid, cmd.type))

@@ -8,11 +8,11 @@ from engine.core import (
 
 
 def make_scheduler(block_size=4, num_blocks=16, max_model_len=64, budget=64, max_num_seqs=8,
-                   chunked=True, prefix=True, threshold=0) -> Scheduler:
+                   chunked=True, prefix=True, threshold=0, n_sharing="cow") -> Scheduler:
     return Scheduler(
         SchedulerConfig(max_model_len=max_model_len, max_num_batched_tokens=budget,
                         max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked,
-                        long_prefill_token_threshold=threshold),
+                        long_prefill_token_threshold=threshold, n_sharing=n_sharing),
         CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix),
     )
 
@@ -42,7 +42,9 @@ def step(s: Scheduler):
         r = s.requests[x.request_id]
         user_id = r.parent_id or r.request_id
         for k, sid in enumerate(x.sample_ids):
-            sampled[sid] = fake_token(user_id, k, x.seq_len)
+            # sample k's own stream in both n_sharing modes: a fork point's k-th id, or the
+            # sample index of a request that samples for itself (a child, forked or not)
+            sampled[sid] = fake_token(user_id, k if k else r.sample_index, x.seq_len)
     core = s.update_from_output(out, tokens(sampled))
     for o in core.outputs:  # a fork child finished in its first step is gone already
         known.setdefault(o.request_id, s.requests.get(o.request_id))

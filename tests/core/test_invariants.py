@@ -68,10 +68,11 @@ def run_ops(s, ops, check) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(op, min_size=1, max_size=40), prefix=st.booleans(), chunk=st.sampled_from([3, 8, 64]))
-def test_random_operations_keep_invariants(ops, prefix, chunk):
+@given(ops=st.lists(op, min_size=1, max_size=40), prefix=st.booleans(), chunk=st.sampled_from([3, 8, 64]),
+       n_sharing=st.sampled_from(["cow", "prefix_cache"]))
+def test_random_operations_keep_invariants(ops, prefix, chunk, n_sharing):
     s = make_scheduler(block_size=4, num_blocks=10, max_model_len=40, budget=chunk, prefix=prefix,
-                       max_num_seqs=4)
+                       max_num_seqs=4, n_sharing=n_sharing)
     run_ops(s, ops, check_invariants)
     assert not s.has_unfinished_requests()
     assert s.kv.pool.num_free == 10

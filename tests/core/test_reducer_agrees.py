@@ -12,10 +12,11 @@ from tests.core.test_invariants import STEMS, op, run_ops
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(op, min_size=1, max_size=40), prefix=st.booleans(), chunk=st.sampled_from([3, 8, 64]))
-def test_reducer_rebuilds_engine_state_after_every_operation(ops, prefix, chunk):
+@given(ops=st.lists(op, min_size=1, max_size=40), prefix=st.booleans(), chunk=st.sampled_from([3, 8, 64]),
+       n_sharing=st.sampled_from(["cow", "prefix_cache"]))
+def test_reducer_rebuilds_engine_state_after_every_operation(ops, prefix, chunk, n_sharing):
     s = make_scheduler(block_size=4, num_blocks=10, max_model_len=40, budget=chunk, prefix=prefix,
-                       max_num_seqs=4)
+                       max_num_seqs=4, n_sharing=n_sharing)
     state = PoolState(10, 4)
     seen = set()
 
@@ -30,6 +31,8 @@ def test_reducer_rebuilds_engine_state_after_every_operation(ops, prefix, chunk)
         assert state.summary() == dataclasses.replace(s.pool_summary(), step=state.step)
 
     run_ops(s, ops, check)
+    if n_sharing == "prefix_cache":  # vLLM v1: samples are requests; nothing forks or copies
+        assert not seen & {"request_forked", "cow_copy"}
 
 
 def test_workload_with_every_kind_of_event_agrees():

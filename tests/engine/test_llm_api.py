@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.core import KVCacheTooSmallError, PromptTooLongError, child_request_id
+from engine.core import EmptyPromptError, KVCacheTooSmallError, PromptTooLongError, child_request_id
 
 PROMPT = list(range(40, 58))  # 18 tokens: block 4 leaves a partial last block
 
@@ -108,6 +108,10 @@ def test_chat_uses_the_template(llm):
 def test_bad_input_is_a_clear_error_and_the_engine_keeps_serving(llm):
     with pytest.raises(PromptTooLongError, match="max_model_len is 96"):
         llm.generate([list(range(100))], SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished_requests()
+    with pytest.raises(EmptyPromptError, match="the prompt is empty"):  # its own error, not "too long"
+        llm.engine.add_request([], SamplingParams(max_tokens=2))
+    assert not isinstance(EmptyPromptError("x"), PromptTooLongError)
     assert not llm.engine.has_unfinished_requests()
     out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2))
     assert len(out[0].outputs[0].token_ids) == 2

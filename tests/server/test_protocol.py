@@ -56,6 +56,10 @@ def test_ops_parse_with_type_or_op():
     ('{"type": "submit", "prompt": "a", "params": {"tempreature": 1}}', "bad_params"),
     ('{"type": "submit", "prompt": "a", "request_id": "a#1"}', "bad_request"),
     ('{"type": "submit", "prompt": "a", "extra": 1}', "bad_request"),
+    ('{"type": "submit", "prompt": ""}', "empty_prompt"),
+    ('{"type": "submit", "prompt": []}', "empty_prompt"),
+    ('{"type": "submit", "messages": [{"role": "user", "content": " "}]}', "empty_prompt"),
+    ('{"type": "restart", "engine": {"n_shring": "cow"}}', "bad_config"),
     ('{"type": "abort"}', "bad_request"),
     ('{"type": "restart", "engine": {"model": "/etc/passwd"}}', "bad_config"),
     ('{"type": "restart", "engine": []}', "bad_config"),
@@ -78,6 +82,9 @@ def test_submit_errors_carry_the_request_id():
     with pytest.raises(ProtocolError) as err:  # the same check when a client builds the op
         Submit(prompt=None, request_id="r2")
     assert (err.value.code, err.value.request_id, err.value.op) == ("bad_request", "r2", "submit")
+    with pytest.raises(ProtocolError) as err:  # refused before sending, with the server's code
+        Submit(prompt="", request_id="r3")
+    assert (err.value.code, err.value.request_id) == ("empty_prompt", "r3")
 
 
 def test_messages_encode_with_their_type():
