@@ -36,7 +36,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Hello, Ok, Snapshot
-from engine.protocol.ops import Abort, ResetPrefixCache, Restart, Submit, TakeSnapshot
+from engine.protocol.ops import Abort, AbortAll, ResetPrefixCache, Restart, Submit, TakeSnapshot
 from engine.server.engine_restart import RestartLimits, rebuild_engine
 from engine.server.health import Health, HealthBoard, ProgressCapture, Status
 from engine.server.mailbox import (
@@ -231,6 +231,10 @@ class EngineWorker(threading.Thread):
                                         f"of this connection", cmd.request_id, cmd.type))
             else:
                 self._abort(cmd.request_id)
+        elif isinstance(cmd, AbortAll):
+            n = len(self.book.live())
+            self._abort_all()
+            self._reply(sink, Ok(cmd.type, {"num_aborted": n}))
         elif isinstance(cmd, Detach):
             # The submitter is gone: nobody will read these outputs, so stop spending on them.
             for rid in self.book.live(sink):

@@ -17,6 +17,7 @@ Writer of: the connection table and the step history (loop thread only).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
@@ -131,8 +132,9 @@ class Hub:
             return
         size = len(frame.encode("utf-8"))
         if size > self.limits.max_frame_bytes:
+            rid, op_name = _frame_ids(frame)  # so the submitter's wait ends with this reply
             conn.reply(Error(ErrorCode.TOO_LARGE, f"frame of {size} bytes is over the limit of "
-                                                  f"{self.limits.max_frame_bytes}"))
+                                                  f"{self.limits.max_frame_bytes}", rid, op_name))
             return
         try:
             op = parse_op(frame)
@@ -219,3 +221,16 @@ class Hub:
         for conn in self.conns.values():
             if conn.attached:
                 conn.put_step(frame)
+
+
+def _frame_ids(frame: str) -> tuple[str | None, str | None]:
+    """(request_id, op) of an oversized frame, when it is a JSON object naming them
+    (bounded: websockets refuses frames past HARD_FRAME_FACTOR x the limit)."""
+    try:
+        d = json.loads(frame)
+    except ValueError:
+        return None, None
+    if not isinstance(d, dict):
+        return None, None
+    rid, op = d.get("request_id"), d.get("type", d.get("op"))
+    return (rid if isinstance(rid, str) else None), (op if isinstance(op, str) else None)

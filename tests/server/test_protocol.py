@@ -11,7 +11,7 @@ from engine.events import types as event_types
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
 from engine.protocol import (
-    Abort, Accepted, Error, Finished, Hello, Ok, Output, Ping, Pong, ProtocolError,
+    Abort, AbortAll, Accepted, Error, Finished, Hello, Ok, Output, Ping, Pong, ProtocolError,
     ResetPrefixCache, Restart, Snapshot, Step, Steps, StepsSince, Submit, TakeSnapshot,
     decode_message, encode, parse_op,
 )
@@ -156,6 +156,7 @@ OP_CASES = [
      {"type": "submit", "messages": [{"role": "user", "content": "hi"}],
       "params": SamplingParams().to_dict()}),
     (Abort("a"), {"type": "abort", "request_id": "a"}),
+    (AbortAll(), {"type": "abort_all"}),
     (TakeSnapshot(), {"type": "snapshot"}),
     (StepsSince(4, "run-1"), {"type": "steps_since", "seq": 4, "run_id": "run-1"}),
     (StepsSince(-1), {"type": "steps_since", "seq": -1}),
