@@ -31,10 +31,19 @@ def add_bench_subcommands(sub) -> None:
     p.add_argument("--results", default="bench/RESULTS.md",
                    help="markdown file whose CPU section is replaced ('' to skip)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--update-readme", action="store_true",
+                   help="only rewrite README.md's benchmark paragraph from the --json file "
+                        "(no benchmark run)")
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.readme_block import update_readme
+
+    if args.update_readme:
+        changed = update_readme(json_path=args.json)
+        print("README.md benchmark paragraph " + ("rewritten" if changed else "already current"))
+        return 0
     from bench import workloads as W
     from bench.report import render_markdown, update_results_md, write_json
     from bench.suite import BenchOptions, default_threads_env, run_bench
@@ -56,6 +65,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         write_json(results, args.json)
     if args.results:
         update_results_md(md, args.results)
+        if not args.quick and args.json:  # the README quotes the full run only
+            update_readme(json_path=args.json)
     print(md)
     failed = [t["target"] for t in results["targets"] if t["met"] is False]
     if failed:

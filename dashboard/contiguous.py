@@ -1,12 +1,15 @@
-"""Paged vs contiguous: the same requests on a contiguous allocator (what-if figures).
+"""Paged vs contiguous: this run's schedule on a contiguous allocator (what-if figures).
 
-The simulation itself is ``engine.events.baseline`` (same arrivals, same pool
-capacity in token slots); this module only lines its rows up with the paged
-run's step for the side-by-side bars and tables.
+The replay itself is ``engine.events.baseline`` (the paged run's own schedule, same
+pool capacity in token slots, starts delayed until a contiguous region is free); this
+module lines its rows up with the paged run's steps for the side-by-side bars and
+tables. Both sides cover the same steps: the paged rows come from the metrics of the
+records the schedule was read from.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,16 +32,14 @@ class Baselines:
     capacity: int
     results: dict[str, baseline.BaselineResult]  # variant value → simulation
     paged: list[baseline.BaselineStep]
+    last_step: int | None = None  # the paged run's last step the replay knows
 
     def row_at(self, variant: str, step: int) -> baseline.BaselineStep | None:
-        """The variant's row for ``step`` (the latest at or before it)."""
+        """The variant's row of exactly ``step`` (None where it has none: a split of the
+        pool must not show another step's contiguous state)."""
         rows = self.paged if variant == "paged" else self.results[variant].steps
-        best = None
-        for r in rows:
-            if r.step > step:
-                break
-            best = r
-        return best
+        i = bisect.bisect_left(rows, step, key=lambda r: r.step)
+        return rows[i] if i < len(rows) and rows[i].step == step else None
 
     def summaries(self) -> dict[str, dict[str, Any]]:
         out = {"paged": {**baseline.summarize(self.paged, self.capacity), "variant": "paged",
@@ -75,15 +76,25 @@ def paged_rows(history: Sequence[dict[str, Any]], num_blocks: int,
     return [baseline.paged_step(s) for s in summaries if s is not None]
 
 
-def baselines(records: Sequence[Any], history: Sequence[dict[str, Any]], num_blocks: int,
-              block_size: int, max_model_len: int,
-              max_tokens: Mapping[str, int | None] | None = None) -> Baselines:
-    """Simulate both contiguous variants over the run's arrivals (StepRecords)."""
+def baselines(schedule: baseline.Schedule, history: Sequence[dict[str, Any]], num_blocks: int,
+              block_size: int, max_model_len: int) -> Baselines:
+    """Replay ``schedule`` on both contiguous variants; ``history``: the metrics of the
+    same steps (the paged rows)."""
     cap = num_blocks * block_size
-    trace = baseline.trace_from_records(records, max_tokens)
-    results = {v.value: baseline.simulate(trace, baseline.BaselineConfig(cap, max_model_len, v))
+    results = {v.value: baseline.simulate(schedule.requests,
+                                          baseline.BaselineConfig(cap, max_model_len, v),
+                                          schedule.last_step)
                for v in baseline.Reservation}
-    return Baselines(cap, results, paged_rows(history, num_blocks, block_size))
+    return Baselines(cap, results, paged_rows(history, num_blocks, block_size),
+                     schedule.last_step)
+
+
+def baselines_of_records(records: Sequence[Any], num_blocks: int, block_size: int,
+                         max_model_len: int,
+                         max_tokens: Mapping[str, int | None] | None = None) -> Baselines:
+    """``baselines`` of a run's StepRecords (their schedule and their metrics)."""
+    return baselines(baseline.schedule_of(records, max_tokens), [r.metrics for r in records],
+                     num_blocks, block_size, max_model_len)
 
 
 def split_now(snapshot: PoolSnapshot, base: Baselines | None) -> list[dict[str, Any]]:
@@ -124,6 +135,7 @@ def summary_table(base: Baselines) -> list[dict[str, Any]]:
             "mean running requests": round(s["mean_concurrency"], 2),
             "max running requests": s["max_concurrency"],
             "steps to finish": s["num_steps"],
+            "longest start delay (steps)": s.get("max_delay", 0),
             "reserved but unused (% of reserved slots)":
                 round(100 * s["reserved_unused_fraction"], 1),
             "mean external fragmentation (%)": round(100 * s["mean_external_fragmentation"], 1),
@@ -131,3 +143,11 @@ def summary_table(base: Baselines) -> list[dict[str, Any]]:
             "requests that never fit": s["num_rejected"],
         })
     return out
+
+
+def summary_frame(base: Baselines) -> list[dict[str, Any]]:
+    """``summary_table`` turned for display: one row per figure, one column per allocator
+    (three narrow columns fit the page, where eight wide ones were cut off)."""
+    rows = summary_table(base)
+    figures = [k for k in rows[0] if k != "allocator"] if rows else []
+    return [{"figure": f, **{r["allocator"]: r[f] for r in rows}} for f in figures]

@@ -104,11 +104,38 @@ def event_rows(events: Iterable[Event]) -> list[dict[str, Any]]:
     return rows
 
 
+# The caption's words per event kind: (one, many). Evictions are told apart by reason:
+# a reset drops hashes of free blocks, which is no LRU eviction (it is counted apart).
+_SUMMARY = {
+    "block_allocated": ("block allocated", "blocks allocated"),
+    "block_freed": ("block released", "blocks released"),
+    "block_cached": ("block cached", "blocks cached"),
+    "evicted:reuse": ("block evicted (LRU, reused)", "blocks evicted (LRU, reused)"),
+    "evicted:reset": ("cached hash dropped by the prefix-cache reset",
+                      "cached hashes dropped by the prefix-cache reset"),
+    "evicted:rollback": ("hash withdrawn (failed forward)", "hashes withdrawn (failed forward)"),
+    "prefix_hit": ("prefix-cache hit", "prefix-cache hits"),
+    "cow_copy": ("copy-on-write copy", "copy-on-write copies"),
+    "prefix_cache_reset": ("prefix-cache reset", "prefix-cache resets"),
+    "request_arrived": ("request arrived", "requests arrived"),
+    "request_forked": ("fork (shares blocks)", "forks (share blocks)"),
+    "request_preempted": ("request preempted (will recompute)",
+                          "requests preempted (will recompute)"),
+    "request_finished": ("request finished", "requests finished"),
+}
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``"1 copy"``, ``"3 copies"``: the count with the right form."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def step_summary(events: Iterable[Event]) -> str:
-    """'3 allocated · 1 cached · …' for the grid caption."""
+    """'3 blocks allocated · 1 block cached · …' for the grid caption."""
     counts: dict[str, int] = {}
     for e in events:
         if e.type in ("request_progress", "request_scheduled", "prefix_lookup"):
             continue  # every step has these; they would drown the rare ones
-        counts[_WHAT[e.type]] = counts.get(_WHAT[e.type], 0) + 1
-    return " · ".join(f"{n} {w}" for w, n in counts.items()) or "no block changes"
+        kind = f"evicted:{EvictionReason(e.reason).value}" if type(e) is BlockEvicted else e.type
+        counts[kind] = counts.get(kind, 0) + 1
+    return " · ".join(plural(n, *_SUMMARY[k]) for k, n in counts.items()) or "no block changes"

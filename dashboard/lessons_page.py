@@ -72,12 +72,17 @@ def chart_figure(spec: dict[str, Any]) -> go.Figure:
     if spec["kind"] == "bars":
         for s in spec["series"]:
             fig.add_bar(name=s["name"], x=spec["categories"], y=s["values"],
-                        text=s["values"], textposition="auto")
+                        text=s["values"], textposition="auto",
+                        marker_color=palette.color_for(s["name"]))
+        # categories ("8", "16", "64" blocks) are labels, not a scale: a numeric axis
+        # would squeeze them and hide a bar at its far end
         fig.update_layout(barmode="group")
+        fig.update_xaxes(type="category")
     else:
         for s in spec["series"]:
             fig.add_scatter(name=s["name"], x=s["x"], y=s["y"], mode="lines+markers",
-                            line_shape="hv")  # values hold for a whole step
+                            line_shape="hv",  # values hold for a whole step
+                            line_color=palette.color_for(s["name"]))
     fig.update_layout(title=spec["title"], height=320, margin=dict(l=40, r=20, t=50, b=40),
                       xaxis_title=spec.get("x_label") or None,
                       yaxis_title=spec.get("y_label") or None,
@@ -151,8 +156,9 @@ def _answers(doc: dict[str, Any]) -> None:
         if guess is None:
             verdict = "no prediction"
         else:
-            verdict = ("✅ you predicted it" if _is_right(q, guess)
-                       else f"❌ you predicted {guess}")
+            # words, not emoji: boxes show where no emoji font is installed
+            verdict = ("right: you predicted it" if _is_right(q, guess)
+                       else f"not quite: you predicted {guess}")
         st.markdown(f"**Q{i}. {q['prompt']}**  \nComputed from the run: **{shown}** ({verdict})")
         st.caption(a["explanation"])
 
@@ -210,9 +216,9 @@ def render(replay_page: Any = "views/replay.py") -> None:
     if idx < last:
         st.markdown(sections[idx])
     c1, c2, _ = st.columns([1, 1, 4])
-    c1.button("◀ Back", key="lesson_prev", disabled=idx == 0, on_click=_move,
+    c1.button("Back", key="lesson_prev", disabled=idx == 0, on_click=_move,
               args=(number, -1, last), width="stretch")
-    c2.button("Next ▶", key="lesson_next", disabled=idx == last, on_click=_move,
+    c2.button("Next", key="lesson_next", disabled=idx == last, on_click=_move,
               args=(number, 1, last), width="stretch")
     if idx < last:
         return
@@ -220,7 +226,7 @@ def render(replay_page: Any = "views/replay.py") -> None:
     model = st.text_input("Model", value=default_model(), key="lesson_model",
                           help="smollm2-135m, a local HF model directory or a .gguf file")
     result_key = _key(number, "result")
-    if st.button("▶ Run the scenario on the real engine", key="lesson_run", type="primary"):
+    if st.button("Run the scenario on the real engine", icon=":material/play_arrow:", key="lesson_run", type="primary"):
         with st.spinner("Running the scenario on the engine (a few seconds to a minute)…"):
             st.session_state[result_key] = run_lesson(number, model)
     doc = st.session_state.get(result_key)

@@ -47,7 +47,7 @@ HIT = BLOCK_COLORS[CACHED]
 MISS_COLORS = {
     "cold": "#94A3B8",      # slate: never cached
     "evicted": EVICTION,    # cached once, evicted since
-    "partial": "#FACC15",   # yellow: shorter than a full block, never hashable
+    "partial": "#A3E635",   # lime: shorter than a full block (not waiting's amber)
     "disabled": "#475569",  # dark slate: prefix caching is off
 }
 # a resumed (preempted) request's lookup: counted apart from first admissions
@@ -70,3 +70,20 @@ KV_TOKEN_USAGE = "#60A5FA"
 FRAGMENTATION = "#F43F5E"
 TTFT, ITL = "#0EA5E9", "#A855F7"
 RUN_A, RUN_B = "#2563EB", "#EA580C"  # compare page: left run, right run
+
+
+# ---- one code across pages (lessons' charts name their series in words) -------
+# (word in a series name, colour): the first match wins, so "preempted (waiting to
+# recompute)" is preempted, not waiting.
+CONCEPTS = (
+    ("preempt", PREEMPTED), ("waiting", WAITING), ("running", RUNNING),
+    ("evict", EVICTION), ("partial", MISS_COLORS["partial"]), ("cold", MISS_COLORS["cold"]),
+    ("hit", HIT), ("copy", COW_COPY), ("cow", COW_COPY), ("fork", COW_COPY),
+    ("prefill", PREFILL), ("decode", DECODE),
+)
+
+
+def color_for(name: str) -> str | None:
+    """The colour of the concept a series name mentions (None: plotly's default)."""
+    low = name.lower()
+    return next((c for word, c in CONCEPTS if word in low), None)

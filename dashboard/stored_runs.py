@@ -19,6 +19,7 @@ from engine.events.run_kind import AnyState, RunKind, empty_state
 from engine.events.types import (
     BlockEvicted, CowCopy, KVAllCleared, KVBlockRemoved, KVGap, KVSegment, RequestPreempted,
 )
+from engine.events.schedule_trace import Schedule, schedule_of
 from engine.events.step import StepRecord
 from engine.store.runs import RunStore
 
@@ -49,6 +50,7 @@ class StoredRun:
     requests: list[dict[str, Any]]
     _checkpoints: dict[int, AnyState] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _schedule: Schedule | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -73,6 +75,14 @@ class StoredRun:
             params = q.get("params") or {}
             out[q["request_id"]] = params.get("max_tokens")
         return out
+
+    @property
+    def schedule(self) -> Schedule:
+        """The whole run's schedule (the contiguous baseline's input), read once."""
+        with self._lock:
+            if self._schedule is None:
+                self._schedule = schedule_of(self.records, self.max_tokens)
+            return self._schedule
 
     def state_after(self, index: int) -> AnyState:
         """The folded state after ``records[index]`` (a fresh copy the caller may keep): the
@@ -105,8 +115,9 @@ class StoredRun:
                                  self.config, token_text_for(self.config), index, rec.metrics)
         return RunFrame(source="replay", key=self.run["id"], snapshot=snap, events=rec.events,
                         history=[r.metrics for r in self.records[:index + 1]],
-                        config=self.config, records=self.records,
-                        max_tokens=self.max_tokens, token_text=token_text_for(self.config))
+                        config=self.config, schedule=self.schedule,
+                        schedule_history=[r.metrics for r in self.records],
+                        token_text=token_text_for(self.config))
 
     def next_index(self, index: int, kind: str, backwards: bool = False) -> int | None:
         """The next (or previous) record index whose events include ``kind``."""

@@ -30,3 +30,16 @@ def token_text_for(config: dict[str, Any] | None) -> Callable[[list[int]], str] 
     except Exception:  # a corrupt or foreign file: hovers fall back to ids
         return None
     return lambda ids: tok.decode(list(ids), skip_special_tokens=False)
+
+
+def token_counter_for(config: dict[str, Any] | None) -> Callable[[str], int] | None:
+    """How many tokens the engine makes of a text prompt (its tokenizer, special tokens
+    as a plain prompt gets them), or None when the tokenizer cannot be found."""
+    path = (config or {}).get("tokenizer_file")
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        tok = _load(path)
+    except Exception:
+        return None
+    return lambda text: len(tok.encode(text).ids)

@@ -132,14 +132,17 @@ class LLMEngine:
         raise KVScopeError("a prompt must be a string or a list of token ids")
 
     def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None,
-                    request_id: str | None = None, messages: list[dict] | None = None) -> str:
+                    request_id: str | None = None, messages: list[dict] | None = None,
+                    tokenized: tuple[str | None, list[int]] | None = None) -> str:
         """Tokenize and queue a request; raises KVScopeError subclasses for bad input.
+        ``tokenized``: (text, token ids) a front door already made off this thread (the
+        server's PromptPrep), used instead of tokenizing ``prompt``/``messages`` here.
 
         Atomic: everything is checked and built first, and only then is the request
         entered (scheduler, then output processor), so a refusal leaves nothing behind.
         """
         params = params or SamplingParams()
-        text, ids = self.tokenize(prompt, messages)
+        text, ids = tokenized if tokenized is not None else self.tokenize(prompt, messages)
         # the caller's id follows the one rule ('#' is reserved: fork samples' ids use it)
         rid = check_request_id(request_id) if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.output_processor.requests or rid in self.scheduler.requests:

@@ -124,9 +124,9 @@ def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events
                             trust_remote_code=cfg.trust_remote_code)
     spec = loaded.spec
     max_len = cfg.max_model_len or min(spec.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-    if max_len > spec.max_position_embeddings:
-        logger.warning("max_model_len %d exceeds the model's %d positions", max_len,
-                       spec.max_position_embeddings)
+    if max_len > spec.max_position_embeddings:  # as vLLM: positions past them give garbage
+        raise ConfigError(f"max_model_len {max_len} exceeds the model's {spec.max_position_embeddings} "
+                          f"positions")
     budget = cfg.max_num_batched_tokens or (
         DEFAULT_CHUNK_BUDGET if cfg.enable_chunked_prefill else max(max_len, DEFAULT_CHUNK_BUDGET))
     sched = SchedulerConfig(max_model_len=max_len, max_num_batched_tokens=budget,

@@ -3,6 +3,11 @@
 Each request is one row; logical block i is a bar segment from i to i+1. A
 partial last block is drawn only as long as its filled share, inside a dashed
 outline of the whole block, so internal fragmentation is visible per request.
+
+Every segment shows its physical block id: the font is sized from the width a
+block gets (and plotly shrinks a label further rather than hide it), because the
+ids are the point (which forks still share block 7, which got a copy). Forks sit
+right under their parent, so one column compares the samples' tables.
 """
 
 from __future__ import annotations
@@ -18,16 +23,46 @@ from dashboard.blocks import request_rows
 from dashboard.figures.style import base_layout, empty_figure
 
 ROW_PX = 24  # one request row; readable ids at 1280 px wide
+PLOT_PX = 560  # the bars' width at 1280 px with the sidebar and the row labels (measured)
+MIN_PLOT_ROWS = 3  # a plot at least this tall, so one or two rows still get a full bar
 
 
 def _label(row: dict[str, Any]) -> str:
-    fork = f" (fork of {row['parent_id']})" if row["parent_id"] else ""
-    return f"{row['request_id']}{fork} · {row['status']}"
+    if row["parent_id"]:
+        return f"  ↳ {row['request_id']} (fork of {row['parent_id']}) · {row['status']}"
+    return f"{row['request_id']} · {row['status']}"
+
+
+def family_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with each request's forks right after it (then the next family)."""
+    kids: dict[str, list[dict[str, Any]]] = {}
+    ids = {r["request_id"] for r in rows}
+    for r in rows:
+        if r["parent_id"] in ids:
+            kids.setdefault(r["parent_id"], []).append(r)
+    out: list[dict[str, Any]] = []
+
+    def add(r: dict[str, Any]) -> None:
+        out.append(r)
+        for k in kids.get(r["request_id"], []):
+            add(k)
+
+    for r in rows:
+        if r["parent_id"] not in ids:
+            add(r)
+    return out
+
+
+def id_font_px(num_columns: float, max_id: int) -> int:
+    """A label size that fits a block id in one segment (6..12 px)."""
+    digits = len(str(max(max_id, 0)))
+    per_block = PLOT_PX / max(num_columns, 1)
+    return int(max(6, min(12, per_block * 0.85 / (0.6 * digits))))
 
 
 def tables_figure(snapshot: PoolSnapshot, max_rows: int = 64) -> go.Figure:
     """Horizontal segmented bars, one row per request (arrival order, top first)."""
-    rows = request_rows(snapshot)[:max_rows]
+    rows = family_order(request_rows(snapshot))[:max_rows]
     title = (f"Block tables at step {snapshot.step}: logical block → physical block id "
              f"(x in blocks of {snapshot.block_size} token slots)")
     if not rows:
@@ -54,6 +89,9 @@ def tables_figure(snapshot: PoolSnapshot, max_rows: int = 64) -> go.Figure:
                 outline["y"].append(y)
                 outline["hover"].append(f"{r['request_id']}: block {b} has {bs - fill} of "
                                         f"{bs} slots still empty (internal fragmentation)")
+    longest = max((len(r["table"]) for r in rows), default=1)
+    columns = max(longest, 4) + 0.2
+    font = id_font_px(columns, max((max(r["table"], default=0) for r in rows), default=0))
     fig = go.Figure()
     fig.add_trace(go.Bar(
         x=outline["x"], base=outline["base"], y=outline["y"], orientation="h",
@@ -64,15 +102,15 @@ def tables_figure(snapshot: PoolSnapshot, max_rows: int = 64) -> go.Figure:
     for st, s in seg.items():
         fig.add_trace(go.Bar(
             x=s["x"], base=s["base"], y=s["y"], orientation="h", text=s["text"],
-            textposition="inside", insidetextanchor="middle", textfont=dict(size=10),
-            textangle=0,
+            textposition="inside", insidetextanchor="middle", textfont=dict(size=font),
+            textangle=0, constraintext="inside",
             hovertext=s["hover"], hoverinfo="text", name=palette.BLOCK_LABELS[st],
             marker=dict(color=palette.BLOCK_COLORS[st], line=dict(color="white", width=1))))
-    longest = max((len(r["table"]) for r in rows), default=1)
-    base_layout(fig, title=title, height=110 + ROW_PX * len(rows))
-    fig.update_layout(barmode="overlay", bargap=0.25, uniformtext=dict(mode="hide", minsize=8))
+    base_layout(fig, title=title, height=110 + ROW_PX * max(len(rows), MIN_PLOT_ROWS))
+    # no uniformtext "hide": a label that does not fit shrinks, it never disappears
+    fig.update_layout(barmode="overlay", bargap=0.25)
     fig.update_xaxes(title_text="logical block index (1 unit = one block)",
-                     range=[0, max(longest, 4) + 0.2], dtick=1 if longest <= 24 else 4)
+                     range=[0, columns], dtick=1 if longest <= 24 else 4)
     fig.update_yaxes(categoryorder="array", categoryarray=labels, autorange="reversed",
                      title_text="request · status")
     return fig

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.client import ServerError
+from engine.events.versions import LONG_PREFILL_CAP
 
 from dashboard.connection import attached, connection, restart_managed_server, server_status
 
@@ -26,7 +27,8 @@ side on the **Compare** page.
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
 SHOWN = ("model_name", "device", "dtype", "block_size", "num_blocks", "max_model_len",
          "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
-         "enable_chunked_prefill", "kv_bytes_per_block")
+         "enable_chunked_prefill", "long_prefill_token_threshold", "n_sharing",
+         "kv_bytes_per_block")
 
 
 def _form(cfg: dict) -> dict | None:
@@ -44,20 +46,41 @@ def _form(cfg: dict) -> dict | None:
                                    help="token budget per step (the prefill chunk size)")
         seqs = c[3].number_input("max_num_seqs", 1, 4096, int(cfg.get("max_num_seqs") or 64),
                                  help="most requests running at once")
-        c = st.columns(4)
+        c = st.columns(5)
         mml = c[0].number_input("max_model_len", 2, 1_000_000,
                                 int(cfg.get("max_model_len") or 2048),
-                                help="longest prompt + output, in tokens")
-        prefix = c[1].checkbox("prefix caching", bool(cfg.get("enable_prefix_caching", True)))
-        chunked = c[2].checkbox("chunked prefill",
+                                help="longest prompt + output, in tokens (lowered to fit the "
+                                     "pool if it does not)")
+        thr = c[1].number_input("long_prefill_token_threshold", 0, 1_000_000,
+                                int(cfg.get("long_prefill_token_threshold") or 0),
+                                help="most tokens one request may take per step (0 = no cap): "
+                                     f"{LONG_PREFILL_CAP.what} {LONG_PREFILL_CAP.tag()}")
+        prefix = c[2].checkbox("prefix caching", bool(cfg.get("enable_prefix_caching", True)))
+        chunked = c[3].checkbox("chunked prefill",
                                 bool(cfg.get("enable_chunked_prefill", True)))
-        go = c[3].form_submit_button("Restart engine", type="primary", width="stretch")
+        go = c[4].form_submit_button("Restart engine", type="primary", width="stretch")
     if not go:
         return None
+    if int(block_size) != bs and int(num_blocks) == int(cfg.get("num_blocks") or 256):
+        # only the block size changed: the same pool memory in other blocks (a restart may
+        # never grow the pool past what the server started with)
+        num_blocks = max(1, int(num_blocks) * bs // int(block_size))
     return {"block_size": int(block_size), "num_kv_blocks": int(num_blocks),
             "max_model_len": int(mml), "max_num_batched_tokens": int(budget),
             "max_num_seqs": int(seqs), "enable_prefix_caching": bool(prefix),
-            "enable_chunked_prefill": bool(chunked)}
+            "enable_chunked_prefill": bool(chunked), "long_prefill_token_threshold": int(thr)}
+
+
+def fit_model_len(options: dict) -> tuple[dict, str | None]:
+    """Options whose max_model_len fits the pool (one sequence must fit, else the engine
+    refuses to start), and a note when it had to be lowered."""
+    slots = options["num_kv_blocks"] * options["block_size"]
+    if options["max_model_len"] <= slots:
+        return options, None
+    note = (f"max_model_len lowered from {options['max_model_len']} to {slots}: one "
+            f"sequence must fit the {options['num_kv_blocks']} blocks × "
+            f"{options['block_size']} slots.")
+    return {**options, "max_model_len": slots}, note
 
 
 def _restart(options: dict) -> None:
@@ -91,6 +114,9 @@ def page() -> None:
     st.subheader(f"Restart with new settings (current run `{view.run_id}`)")
     options = _form(view.config)
     if options is not None:
+        options, note = fit_model_len(options)
+        if note:
+            st.info(note)
         _restart(options)
     left, right = st.columns([1, 1.6])
     with left:

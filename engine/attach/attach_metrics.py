@@ -39,10 +39,17 @@ class AttachMetrics:
         self.dropped_steps = Counter("kvscope_ws_dropped_step_messages",
                                      "Step messages dropped for slow clients (they resync).", registry=r)
         self.errors = Counter("kvscope_ws_errors", "Error messages sent, by code.", ["code"], registry=r)
+        self.slow_client_closes = Counter("kvscope_ws_slow_client_closes",
+                                          "Connections closed (1008 slow_client) for leaving more than "
+                                          "the outbox bound unread.", registry=r)
+        self.outbox_max_bytes = Gauge("kvscope_ws_outbox_max_bytes",
+                                      "Largest outbox in bytes over connected clients.", registry=r)
 
-    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int]) -> None:
+    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
+                  outbox_max_bytes: Callable[[], int] = lambda: 0) -> None:
         self.connections.set_function(connections)
         self.outbox_max.set_function(outbox_max)
+        self.outbox_max_bytes.set_function(outbox_max_bytes)
 
     def watch_recorder(self, health: Callable[[], RecorderHealth]) -> None:
         up = Gauge("kvscope_recorder_up", "1 while the recorder's writer runs and writes succeed.",

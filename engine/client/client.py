@@ -32,7 +32,7 @@ from engine.protocol.messages import (
     Accepted, Error, Finished, Hello, Message, Ok, Output, Pong, Snapshot, Step, Steps,
 )
 from engine.protocol.ops import (
-    Abort, Op, Ping, ResetPrefixCache, Restart, StepsSince, TakeSnapshot,
+    Abort, AbortAll, Op, Ping, ResetPrefixCache, Restart, StepsSince, TakeSnapshot,
 )
 
 
@@ -121,6 +121,11 @@ class KVScopeClient:
     def abort(self, request_id: str) -> None:
         """Ask to abort one of this connection's requests (its stream ends with reason abort)."""
         self._send(Abort(request_id))
+
+    def abort_all(self) -> Ok:
+        """Abort every live request on the engine, any connection's; ``ok`` says how many."""
+        self._send(AbortAll())
+        return self._wait(lambda m: isinstance(m, Ok) and m.op == AbortAll.type, op=AbortAll.type)
 
     def snapshot(self) -> Snapshot:
         """A fresh snapshot of the pool."""

@@ -6,7 +6,7 @@ state from snapshot + step events, bounded metrics history and recent steps,
 outputs of this client's requests). On a ``seq`` gap it asks for a snapshot.
 
 Any thread may call ``view()`` (a consistent copy), ``submit()`` (returns once
-the server accepted), ``outputs()``, ``abort()``, ``reset_prefix_cache()``,
+the server accepted), ``outputs()``, ``abort()``, ``abort_all()``, ``reset_prefix_cache()``,
 ``request_snapshot()``, ``steps_since()``, ``restart()``, ``stop()``. No torch
 imports.
 
@@ -28,7 +28,9 @@ from engine.events.step import StepRecord
 from engine.protocol.codec import decode_message, encode
 from engine.protocol.errors import ProtocolError
 from engine.protocol.messages import Accepted, Error, Message, Ok, Steps
-from engine.protocol.ops import Abort, Op, ResetPrefixCache, Restart, StepsSince, TakeSnapshot
+from engine.protocol.ops import (
+    Abort, AbortAll, Op, ResetPrefixCache, Restart, StepsSince, TakeSnapshot,
+)
 
 __all__ = ["LinkStatus", "LiveConnection", "LiveView", "RequestProgress"]
 
@@ -115,6 +117,10 @@ class LiveConnection:
 
     def abort(self, request_id: str) -> None:
         self._send(Abort(request_id))
+
+    def abort_all(self, timeout: float | None = None) -> Ok:
+        """Abort every live request on the engine (any connection's); ``ok`` says how many."""
+        return self._call(f"op:{AbortAll.type}", AbortAll(), timeout)
 
     def request_snapshot(self) -> None:
         self._send(TakeSnapshot())

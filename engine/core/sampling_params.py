@@ -63,6 +63,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name in ("stop", "stop_token_ids"):  # a dict or a string would iterate as a list
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), (list, tuple)):
+                raise SamplingParamsError(f"{name} must be a list, got {getattr(self, name)!r}")
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:

@@ -1,72 +1,76 @@
-"""Contiguous-allocation baseline: the same request trace without paging.
+"""Contiguous-allocation baseline: this run's schedule replayed on a contiguous allocator.
 
-Pre-PagedAttention servers reserved one contiguous KV region per request. This
-simulates that on a linear array of ``capacity`` token slots (= the paged pool's
-num_blocks * block_size) so the dashboard can put both side by side.
+Pre-PagedAttention servers reserved one contiguous KV region per request. This puts the
+paged run beside that, on a linear array of ``capacity`` token slots (= the paged
+pool's num_blocks * block_size), changing one thing only: where memory comes from.
 
-Model (deliberately simple, and the same for both variants):
-- A step ``t`` runs: (1) requests whose ``arrival_step <= t`` join the waiting queue
-  in arrival order; (2) FCFS admission: the head is placed first-fit (the
-  lowest-addressed free run that is long enough); admission stops at the first
-  head that does not fit (no skipping); (3) every running request gains one token
-  (the admission step processes the prompt and yields the first token); (4) the
-  figures below are measured; (5) requests that reached their generated count
-  leave and their region is freed. Steps where nothing is running or waiting are
-  skipped up to the next arrival.
-- Reservation per request: ``max_model_len`` (variant ``max_model_len``) or
-  ``min(prompt + max_tokens, max_model_len)`` (variant ``prompt_plus_max_tokens``;
-  ``max_model_len`` when max_tokens is unknown); never less than what the request
-  actually used. A request whose reservation exceeds the capacity can never run;
-  it is rejected and counted.
+What is replayed, exactly. The input is the paged run's own schedule, per request
+(``TraceRequest``): the step it arrived, the step the paged scheduler first scheduled
+it, and its state at the end of every step from then on (running, waiting or
+preempted, and the tokens its KV holds) until the step it finished. The scheduler's
+decisions (token budget, max_num_seqs, chunking, preemption) are not re-simulated:
+the paged run already made them. The baseline adds the contiguous allocator's rule:
+a request may start only once one free run of slots as long as its reservation
+exists, and it holds that region from its start until it finishes.
+
+Step ``t`` (the paged run's step numbers; rows for every step from the first):
+1. Admission, first come first served in the order the paged run first scheduled the
+   requests (fork children at their fork). The head may start once the paged run had
+   started it, ``delay`` steps later (``first_step + delay <= t``), and a free run of
+   its reservation exists (first fit: the lowest-addressed run long enough).
+   Admission stops at the first head that cannot start (no skipping). A head whose
+   reservation exceeds the capacity can never start: it is rejected and counted.
+2. A request started ``d`` steps after the paged run started it follows the paged
+   request's states ``d`` steps late; ``delay`` is the largest ``d`` so far, so every
+   later request waits at least as long (the schedule after a wait is the paged one,
+   shifted: its order and spacing are kept). A fork child is seen, waiting, from its
+   fork in the parent's shifted schedule.
+3. Figures at the end of the step, as the paged metrics count them (requests that
+   finished in the step have left and freed their region).
+
+Consequences (tests/events/test_baseline.py): while every region fits, every delay is
+0 and the running and waiting counts equal the paged run's at every step; with delays
+the contiguous run spends the same request-steps running over at least as many steps,
+so its mean concurrency never exceeds the paged run's. A live run is replayed up to its
+last step; steps past it are added only once every request's schedule is complete.
+
+Reservation per request: ``max_model_len`` (variant ``max_model_len``) or
+``min(prompt + max_tokens, max_model_len)`` (variant ``prompt_plus_max_tokens``;
+``max_model_len`` when max_tokens is unknown); never less than the request's longest
+length seen. A fork child's prompt is its length at the fork (contiguous memory
+cannot share: the child copies its parent's tokens).
 
 Per-step figures (slots are token slots):
-- ``used_slots``: prompt + generated tokens of running requests.
-- ``reserved_slots``: sum of running reservations; ``reserved_unused_slots`` =
+- ``used_slots``: tokens held in the KV of started, unfinished requests (at their
+  shifted state; a preempted request holds none).
+- ``reserved_slots``: sum of their reservations; ``reserved_unused_slots`` =
   reserved − used (over-reservation, the waste paging removes).
 - ``free_slots`` = capacity − reserved; ``largest_free_run``: longest contiguous free run.
 - ``external_fragmentation`` = 1 − largest_free_run / free_slots (0.0 with no free
   slot): the share of free space outside the largest hole.
-- ``blocked_by_fragmentation``: a request waits at the head, its reservation
-  ≤ free_slots but > largest_free_run (it would fit if free space were contiguous).
-- ``stranded_free_slots`` = free_slots when blocked_by_fragmentation, else 0: free
-  slots the next request cannot use only because they are not contiguous.
+- ``blocked_by_fragmentation``: the head waits, its reservation ≤ free_slots but >
+  largest_free_run (it would fit if free space were contiguous).
+- ``stranded_free_slots`` = free_slots when blocked_by_fragmentation, else 0.
 """
 
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.events.pool_state import PoolState
 from engine.events.pool_summary import PoolSummary
-from engine.events.types import RequestArrived, RequestForked, RequestProgress
+from engine.events.request_status import RequestStatus
+from engine.events.schedule_trace import (  # noqa: F401  (re-exported: the trace's types)
+    Moment, Schedule, ScheduleTrace, TraceRequest, schedule_of, trace_from_records,
+)
 
 
 class Reservation(enum.Enum):
     MAX_MODEL_LEN = "max_model_len"
     PROMPT_PLUS_MAX_TOKENS = "prompt_plus_max_tokens"
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """One request as the baseline sees it (lengths in tokens)."""
-
-    request_id: str
-    arrival_step: int
-    prompt_len: int
-    num_generated: int
-    max_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.prompt_len < 1:
-            raise ValueError(f"{self.request_id}: prompt_len must be >= 1, got {self.prompt_len}")
-        if self.num_generated < 0:
-            raise ValueError(f"{self.request_id}: num_generated must be >= 0")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"{self.request_id}: max_tokens must be >= 1 or None")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,7 @@ class BaselineConfig:
             want = min(r.prompt_len + r.max_tokens, self.max_model_len)
         else:
             want = self.max_model_len
-        return max(want, r.prompt_len + r.num_generated)
+        return max(want, r.length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +139,13 @@ class BaselineResult:
     config: BaselineConfig
     steps: tuple[BaselineStep, ...]
     rejected: tuple[str, ...]  # request ids whose reservation exceeds the capacity
+    delays: dict[str, int] = field(default_factory=dict)  # started request → steps late
 
     def summary(self) -> dict[str, Any]:
         out = summarize(list(self.steps), self.config.capacity)
         out.update(variant=self.config.reservation.value, capacity=self.config.capacity,
-                   num_rejected=len(self.rejected))
+                   num_rejected=len(self.rejected),
+                   max_delay=max(self.delays.values(), default=0))
         return out
 
     def rows(self) -> list[dict[str, Any]]:
@@ -158,84 +164,104 @@ def _free_runs(regions: list[tuple[int, int]], capacity: int) -> list[tuple[int,
     return runs
 
 
-def simulate(trace: Iterable[TraceRequest], config: BaselineConfig) -> BaselineResult:
-    """Run the trace on a contiguous allocator (see module docstring for the model)."""
-    pending = deque(sorted(trace, key=lambda r: r.arrival_step))  # stable: keeps arrival order
-    waiting: deque[TraceRequest] = deque()
-    running: list[list] = []  # [start, size, request, generated]
-    rejected: list[str] = []
-    rows: list[BaselineStep] = []
+@dataclass(slots=True)
+class _Started:
+    request: TraceRequest
+    start: int  # first slot of its region
+    size: int
+    at: int  # the step it started; its state at step t is moments[t - at]
+
+
+def simulate(trace: Iterable[TraceRequest], config: BaselineConfig,
+             last_step: int | None = None) -> BaselineResult:
+    """Replay the schedule ``trace`` on a contiguous allocator (the module docstring's
+    model). ``last_step``: the paged run's last step (default: the trace's latest known
+    state); rows go on past it only while every request's schedule is complete."""
+    reqs = list(trace)
+    if not reqs:
+        return BaselineResult(config, (), (), {})
+    # FCFS in the order the paged run started them (stable: ties keep the trace's order)
+    queue = sorted((r for r in reqs if r.first_step is not None), key=lambda r: r.first_step)
+    known = [r.arrival_step for r in reqs] + [
+        r.first_step + len(r.moments) - (r.finished is False) for r in queue]
+    last = max(known) if last_step is None else last_step
+    complete = all(r.finished for r in reqs)
     cap = config.capacity
-    t = pending[0].arrival_step if pending else 0
-    while pending or waiting or running:
-        if not waiting and not running and pending[0].arrival_step > t:
-            t = pending[0].arrival_step  # idle: jump to the next arrival
-        while pending and pending[0].arrival_step <= t:
-            waiting.append(pending.popleft())
-        while waiting:
-            r = waiting[0]
+    started: list[_Started] = []
+    delays: dict[str, int] = {}
+    rejected: set[str] = set()
+    unstarted = list(reqs)  # neither started nor rejected (may not have arrived yet)
+    rows: list[BaselineStep] = []
+    delay, head = 0, 0
+    t = min(r.arrival_step for r in reqs)
+    while t <= last or (complete and (started or head < len(queue))):
+        # 1. admission: FCFS, no skipping; regions of this step's finishers are still held
+        while head < len(queue):
+            r = queue[head]
             need = config.reserve(r)
-            if need > cap:
-                rejected.append(waiting.popleft().request_id)
+            if need > cap or r.parent_id in rejected:
+                rejected.add(r.request_id)
+                head += 1
                 continue
-            regions = sorted((s[0], s[1]) for s in running)
+            if r.parent_id is not None and r.parent_id not in delays:
+                break  # its parent has not started, so it cannot have forked yet
+            if t < r.first_step + delay:
+                break
+            regions = sorted((s.start, s.size) for s in started)
             start = next((p for p, n in _free_runs(regions, cap) if n >= need), None)
             if start is None:
                 break
-            running.append([start, need, waiting.popleft(), 0])
-        for s in running:
-            if s[3] < s[2].num_generated:
-                s[3] += 1
-        regions = sorted((s[0], s[1]) for s in running)
+            delay = t - r.first_step
+            delays[r.request_id] = delay
+            started.append(_Started(r, start, need, t))
+            head += 1
+        if len(unstarted) != len(reqs) - len(delays) - len(rejected):
+            unstarted = [r for r in unstarted
+                         if r.request_id not in delays and r.request_id not in rejected]
+        # 2.-3. shifted states, after this step's finishers left
+        started = [s for s in started if t - s.at < len(s.request.moments)]
+        states = [s.request.moments[t - s.at] for s in started]
+        running = sum(m.status is RequestStatus.RUNNING for m in states)
+        waiting = len(states) - running + sum(_waiting(r, t, delays) for r in unstarted)
+        regions = sorted((s.start, s.size) for s in started)
         reserved = sum(n for _, n in regions)
-        used = sum(s[2].prompt_len + s[3] for s in running)
+        used = sum(m.num_computed_tokens for m in states)
         free = cap - reserved
         largest = max((n for _, n in _free_runs(regions, cap)), default=0)
-        head_need = config.reserve(waiting[0]) if waiting else None
+        nxt = queue[head] if head < len(queue) else None
+        head_need = (config.reserve(nxt) if nxt is not None and t >= nxt.first_step + delay
+                     else None)
         blocked = head_need is not None and largest < head_need <= free
         rows.append(BaselineStep(
-            step=t, num_running=len(running), num_waiting=len(waiting), used_slots=used,
+            step=t, num_running=running, num_waiting=waiting, used_slots=used,
             reserved_slots=reserved, reserved_unused_slots=reserved - used, free_slots=free,
             largest_free_run=largest,
             external_fragmentation=1.0 - largest / free if free else 0.0,
             blocked_by_fragmentation=blocked, stranded_free_slots=free if blocked else 0))
-        running = [s for s in running if s[3] < s[2].num_generated]
         t += 1
-    return BaselineResult(config, tuple(rows), tuple(rejected))
+    return BaselineResult(config, tuple(rows), tuple(sorted(rejected)), delays)
+
+
+def _waiting(r: TraceRequest, t: int, delays: Mapping[str, int]) -> bool:
+    """Whether a request that has not started waits at step ``t``: it arrived (a fork
+    child: its fork came in the parent's shifted schedule) and, if the paged run never
+    scheduled it, had not left yet (aborted while waiting)."""
+    if r.parent_id is None:
+        arrived = r.arrival_step <= t
+    else:
+        d = delays.get(r.parent_id)
+        arrived = d is not None and r.arrival_step + d <= t
+    gone = r.first_step is None and r.finish_step is not None and r.finish_step <= t
+    return arrived and not gone
 
 
 # ---- from a recorded run -----------------------------------------------------
 
-def trace_from_records(records: Iterable[Any],
-                       max_tokens: Mapping[str, int | None] | None = None) -> list[TraceRequest]:
-    """Build the trace from StepRecords: arrivals (and forks) with their lengths and the
-    tokens actually generated; ``max_tokens`` maps request id → its max_tokens param
-    (a fork child without its own entry inherits the parent's remaining budget)."""
-    max_tokens = max_tokens or {}
-    order: list[str] = []
-    info: dict[str, dict[str, Any]] = {}
-    final: dict[str, int] = {}
-    for rec in records:
-        for e in rec.events:
-            if isinstance(e, RequestArrived) and e.request_id not in info:
-                order.append(e.request_id)
-                info[e.request_id] = {"step": e.step, "prompt": e.num_prompt_tokens,
-                                      "max": max_tokens.get(e.request_id)}
-            elif isinstance(e, RequestForked) and e.request_id not in info:
-                # Without sharing, a fork child needs its own copy of every token it starts with.
-                parent = info.get(e.parent_id)
-                mt = max_tokens.get(e.request_id)
-                if mt is None and parent is not None and parent["max"] is not None:
-                    mt = max(1, parent["max"] - (e.num_tokens - parent["prompt"]))
-                order.append(e.request_id)
-                info[e.request_id] = {"step": e.step, "prompt": e.num_tokens, "max": mt}
-                final[e.request_id] = e.num_tokens
-            elif isinstance(e, RequestProgress):
-                final[e.request_id] = e.num_tokens
-    return [TraceRequest(rid, info[rid]["step"], info[rid]["prompt"],
-                         max(0, final.get(rid, info[rid]["prompt"]) - info[rid]["prompt"]),
-                         info[rid]["max"])
-            for rid in order]
+def replay(records: Iterable[Any], config: BaselineConfig,
+           max_tokens: Mapping[str, int | None] | None = None) -> BaselineResult:
+    """``simulate`` over the schedule of a recorded (or live) run."""
+    sched = schedule_of(records, max_tokens)
+    return simulate(sched.requests, config, sched.last_step)
 
 
 def paged_step(pool: PoolSummary) -> BaselineStep:
@@ -270,9 +296,10 @@ def compare(records: list[Any], num_blocks: int, block_size: int, max_model_len:
             max_tokens: Mapping[str, int | None] | None = None) -> dict[str, dict[str, Any]]:
     """Summaries keyed ``paged``, ``max_model_len``, ``prompt_plus_max_tokens``."""
     cap = num_blocks * block_size
-    trace = trace_from_records(records, max_tokens)
+    sched = schedule_of(records, max_tokens)
     out = {"paged": {**summarize(paged_steps(records, num_blocks, block_size), cap),
                      "variant": "paged", "capacity": cap, "num_rejected": 0}}
     for variant in Reservation:
-        out[variant.value] = simulate(trace, BaselineConfig(cap, max_model_len, variant)).summary()
+        out[variant.value] = simulate(sched.requests, BaselineConfig(cap, max_model_len, variant),
+                                      sched.last_step).summary()
     return out

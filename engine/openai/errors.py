@@ -48,6 +48,7 @@ def bad(message: str, param: str | None = None, code: str = "invalid_value") -> 
 # The engine thread's error codes (protocol v2) as HTTP errors.
 _FROM_ENGINE = {
     E.PROMPT_TOO_LONG: (400, INVALID, "context_length_exceeded"),
+    E.PROMPT_TOO_LARGE: (400, INVALID, "context_length_exceeded"),  # too many bytes to fit
     E.EMPTY_PROMPT: (400, INVALID, "empty_prompt"),
     E.BAD_PARAMS: (400, INVALID, "invalid_value"),
     E.BAD_REQUEST: (400, INVALID, "invalid_value"),

@@ -10,7 +10,7 @@ both ends encode and decode with these types.
 - ``errors``: ``ErrorCode`` and ``ProtocolError``.
 - ``codec``: ``parse_op``, ``decode_message``, ``encode`` (JSON text frames).
 
-Ops: ``submit{prompt | messages, params?, request_id?}``, ``abort{request_id}``,
+Ops: ``submit{prompt | messages, params?, request_id?}``, ``abort{request_id}``, ``abort_all``,
 ``snapshot``, ``steps_since{seq, run_id?}``, ``reset_prefix_cache``, ``ping``,
 ``restart{engine}``. Messages: ``hello{protocol, run_id, config, limits}``,
 ``snapshot{seq, state, metrics}``, ``step{seq, step, ts, events, metrics}``,
@@ -36,10 +36,10 @@ from engine.protocol.messages import (
     Accepted, Error, Finished, Hello, Message, Ok, Output, Pong, Snapshot, Step, Steps,
 )
 from engine.protocol.ops import (
-    RESTART_KEYS, Abort, Op, Ping, ResetPrefixCache, Restart, StepsSince, Submit, TakeSnapshot,
+    RESTART_KEYS, Abort, AbortAll, Op, Ping, ResetPrefixCache, Restart, StepsSince, Submit, TakeSnapshot,
 )
 __all__ = [
-    "PROTOCOL_VERSION", "RESTART_KEYS", "Abort", "Accepted", "Error", "ErrorCode", "Finished",
+    "PROTOCOL_VERSION", "RESTART_KEYS", "Abort", "AbortAll", "Accepted", "Error", "ErrorCode", "Finished",
     "Hello", "Message", "Ok", "Op", "Output", "Ping", "Pong", "ProtocolError", "ResetPrefixCache",
     "Restart", "Snapshot", "Step", "Steps", "StepsSince", "Submit", "TakeSnapshot",
     "decode_message", "encode", "parse_op",

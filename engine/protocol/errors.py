@@ -19,6 +19,7 @@ class ErrorCode:
     BAD_REQUEST = "bad_request"            # missing/ill-typed fields, bad token ids, ...
     BAD_PARAMS = "bad_params"              # sampling params invalid or out of range
     PROMPT_TOO_LONG = "prompt_too_long"
+    PROMPT_TOO_LARGE = "prompt_too_large"  # more bytes than any prompt that fits (not tokenized)
     EMPTY_PROMPT = "empty_prompt"          # no tokens to generate from (or a chat of empty messages)
     QUEUE_FULL = "queue_full"              # the engine's waiting queue is full
     BUSY = "busy"                          # the engine thread's command queue is full
@@ -27,7 +28,8 @@ class ErrorCode:
     UNKNOWN_REQUEST = "unknown_request"    # abort of a request this connection does not own
     UNKNOWN_RUN = "unknown_run"            # steps_since for a run neither live nor recorded
     BAD_CONFIG = "bad_config"              # restart options rejected; the old engine keeps serving
-    SLOW_CLIENT = "slow_client"            # replies piled up past the bound; connection closed
+    RESTART_DISABLED = "restart_disabled"  # the operator turned client restarts off
+    SLOW_CLIENT = "slow_client"            # unsent frames past the byte bound; connection closed
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"                  # an engine fault; the request was aborted
     READ_ONLY = "read_only"                # kvscope attach: the engine is someone else's

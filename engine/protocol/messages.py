@@ -152,7 +152,9 @@ class Error(Message):
     code: str
     message: str
     request_id: str | None = None
-    op: str | None = None  # the op that failed, so a client can match the reply
+    # the op this answers, so a client can match the reply; None for an error about a
+    # request already accepted (its engine step failed: its ``finished`` follows)
+    op: str | None = None
 
     @classmethod
     def from_exc(cls, exc: ProtocolError) -> Error:

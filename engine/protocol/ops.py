@@ -25,7 +25,8 @@ from engine.protocol.errors import ErrorCode, ProtocolError
 # Engine options a client may change with ``restart``: pool and scheduler shape only.
 # The model, device and anything touching files stay as the operator started them.
 RESTART_KEYS = ("block_size", "num_kv_blocks", "max_num_batched_tokens", "max_num_seqs",
-                "max_model_len", "enable_prefix_caching", "enable_chunked_prefill", "n_sharing")
+                "max_model_len", "enable_prefix_caching", "enable_chunked_prefill", "n_sharing",
+                "long_prefill_token_threshold")
 
 
 def check_request_id(rid: Any, op: str) -> None:
@@ -151,8 +152,20 @@ class Abort(Op):
 
 
 @dataclass(frozen=True, slots=True)
+class AbortAll(Op):
+    """Abort every live request on the engine, whichever connection submitted it (the
+    dashboard's "stop everything"); each ends with ``finished`` (reason ``abort``) to
+    its submitter. Answer: ``ok`` with ``num_aborted``."""
+
+    type: ClassVar[str] = "abort_all"
+
+
+@dataclass(frozen=True, slots=True)
 class TakeSnapshot(Op):
-    """Answer: ``snapshot`` of the pool between two steps (queued older steps are dropped)."""
+    """Answer: ``snapshot`` of the pool between two steps (queued older steps are dropped).
+    Snapshot requests of one connection not yet answered share one answer, and a
+    snapshot the client has not read yet is replaced by a newer one: a client is owed
+    the latest state, once."""
 
     type: ClassVar[str] = "snapshot"
 
@@ -219,7 +232,7 @@ class Restart(Op):
 
 
 OPS: dict[str, type[Op]] = {cls.type: cls for cls in (
-    Submit, Abort, TakeSnapshot, StepsSince, ResetPrefixCache, Ping, Restart)}
+    Submit, Abort, AbortAll, TakeSnapshot, StepsSince, ResetPrefixCache, Ping, Restart)}
 
 
 def op_from_dict(d: Any) -> Op:

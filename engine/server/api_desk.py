@@ -3,8 +3,11 @@
 An API call is an ``Exchange``: a ``Sink`` (``engine.server.sink``) with its own id
 from the mailbox and source ``openai``, which the engine thread records with each of
 its requests. It sends its engine requests as protocol ``Submit`` ops through the
-same bounded mailbox as websocket ops, and the engine thread's answers come back to
-it through ``deliver`` on the loop thread: ``Accepted`` or ``Error`` per request, the
+same bounded mailbox as websocket ops, each first prepared (checked and tokenized by
+the current run's ``PromptPrep``) in the hub's worker pool, as the websocket door
+does, so no API prompt costs the event loop or the engine thread its tokenizing
+time; it posts as ``Prepared``. The engine thread's answers come back to it through
+``deliver`` on the loop thread: ``Accepted`` or ``Error`` per request, the
 RequestOutputs of every step in which a request progressed, ``Ok`` for a control op.
 When the call ends for any reason (answered, client gone, error) the desk sends
 ``Detach``, which aborts whatever of it is still live: blocks freed, ``abort`` in the
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import ClassVar
 
 from engine.core.sampling_params import SamplingParams
@@ -35,7 +39,8 @@ from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Message
 from engine.protocol.ops import Op, Submit
-from engine.server.mailbox import Detach, Mailbox
+from engine.server.mailbox import Detach, Mailbox, Prepared
+from engine.server.prompt_prep import PromptPrep
 from engine.server.sink import Sink, SinkItem, Source
 
 LIVENESS_POLL_S = 1.0  # how often a waiting handler checks that the engine thread still runs
@@ -66,18 +71,23 @@ class Exchange(Sink):
 
     # ---- into the engine --------------------------------------------------------------
 
-    def submit(self, prompt: str | list[int] | None, messages: list[dict[str, str]] | None,
-               params: SamplingParams, request_id: str) -> None:
-        """Queue one engine request; 429 when the engine's mailbox is full."""
+    async def submit(self, prompt: str | list[int] | None, messages: list[dict[str, str]] | None,
+                     params: SamplingParams, request_id: str) -> None:
+        """Prepare and queue one engine request: 400 for a prompt the preparation refuses
+        (too long, too many bytes, a bad role or token id, empty), 429 when the engine's
+        mailbox is full, 503 once the server is stopping."""
         try:
             op = Submit(prompt, messages, params, request_id)
-        except ProtocolError as exc:  # the API's parser checked these already; say so if not
-            raise from_engine(Error.from_exc(exc)) from None
-        self.send(op)
+        except ProtocolError as exc:  # e.g. a chat of empty messages (the protocol's own check)
+            raise_refusal(Error.from_exc(exc))
+        cmd = await self.desk.prepare(op)
+        if self.desk.stopping:
+            raise _stopping()
+        self.send(cmd)
         self.rids.append(request_id)
 
-    def send(self, op: Op) -> None:
-        if not self.desk.mailbox.send(self, op):
+    def send(self, cmd: Op | Prepared) -> None:
+        if not self.desk.mailbox.send(self, cmd):
             raise _busy()
 
     # ---- from the engine (loop thread) -------------------------------------------------
@@ -140,12 +150,16 @@ class Exchange(Sink):
         return self.replies.pop(0)
 
 
+def _stopping() -> ApiError:
+    return ApiError(503, "the server is shutting down", "server_error", None, ErrorCode.SHUTTING_DOWN)
+
+
 def raise_refusal(err: Error) -> None:
     """The engine's refusal as the HTTP error, naming the parameter where it can: the
     prompt that does not fit, or the sampling field a check at admission refused
     (``top_k`` above the vocabulary; SamplingParams' messages start with the field)."""
     param = None
-    if err.code == ErrorCode.PROMPT_TOO_LONG:
+    if err.code in (ErrorCode.PROMPT_TOO_LONG, ErrorCode.PROMPT_TOO_LARGE):
         param = "prompt"
     elif err.code == ErrorCode.BAD_PARAMS:
         word = err.message.split(" ", 1)[0]
@@ -156,11 +170,29 @@ def raise_refusal(err: Error) -> None:
 class ApiDesk:
     """Opens and closes exchanges; knows which are open (``/healthz``, shutdown)."""
 
-    def __init__(self, mailbox: Mailbox, alive: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, mailbox: Mailbox, workers: Executor, prep: Callable[[], PromptPrep | None],
+                 alive: Callable[[], bool] = lambda: True) -> None:
         self.mailbox = mailbox
+        self.workers = workers  # the hub's prompt-preparing pool (shut down at shutdown)
+        self.prep = prep  # the current run's PromptPrep (None before the first run's NewRun)
         self.alive = alive  # False once the engine thread is gone
         self.exchanges: dict[int, Exchange] = {}
         self.stopping = False
+
+    async def prepare(self, op: Submit) -> Submit | Prepared:
+        """``op`` checked and tokenized in the worker pool; before the first run's
+        PromptPrep reaches the loop, ``op`` itself (the engine thread prepares it)."""
+        prep = self.prep()
+        if prep is None:
+            return op
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.workers, prep.prepare, op)
+        except ProtocolError as exc:
+            raise_refusal(Error.from_exc(exc))
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            if self.stopping:
+                raise _stopping() from None
+            raise
 
     def open(self) -> Exchange:
         ex = Exchange(self, self.mailbox.new_sink_id())

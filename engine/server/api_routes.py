@@ -177,8 +177,8 @@ async def reset_prefix_cache(ctx: ApiContext, request: Request) -> Response:
     return JSONResponse(reply.result if isinstance(reply, Ok) else {})
 
 
-def _submit(ex: Exchange, req: ApiRequest, rid: str) -> list[str]:
-    """Queue the call's engine requests (one per prompt); returns their ids."""
+async def _submit(ex: Exchange, req: ApiRequest, rid: str) -> list[str]:
+    """Prepare and queue the call's engine requests (one per prompt); returns their ids."""
     if req.endpoint is Endpoint.CHAT:
         items: list = [(rid, None, list(req.messages))]
     elif len(req.prompts) == 1:
@@ -186,7 +186,7 @@ def _submit(ex: Exchange, req: ApiRequest, rid: str) -> list[str]:
     else:
         items = [(f"{rid}-{i}", p, None) for i, p in enumerate(req.prompts)]
     for r, prompt, messages in items:
-        ex.submit(prompt, messages, req.params, r)
+        await ex.submit(prompt, messages, req.params, r)
     return [r for r, _, _ in items]
 
 
@@ -201,7 +201,7 @@ async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Res
     ex = ctx.desk.open()
     streaming = False
     try:
-        rids = _submit(ex, req, rid)
+        rids = await _unless_gone(request, _submit(ex, req, rid))
         await _unless_gone(request, ex.accept_all())
         asm = Assembler(req, rids, rid, req.model or ctx.names[0], int(time.time()), ctx.strings())
         if req.stream:

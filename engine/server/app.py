@@ -56,6 +56,9 @@ class ServerOptions:
     max_pending_ops: int = 1024  # client ops queued for the engine thread, all connections
     step_buffer: int = 256
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
+    max_outbox_bytes: int = 64 << 20  # unsent bytes per connection before it is closed (slow_client)
+    client_restart: bool = True  # False: ``restart`` is refused (restart_disabled)
+    redact_tokens: bool = False  # watchers get no token ids (engine.events.redact)
     ping_interval: float | None = 20.0
     engine_factory: EngineFactory | None = None  # tests: control how (and when) the engine loads
     # vLLM's --served-model-name: the names the API answers to; the first labels the
@@ -69,7 +72,7 @@ class ServerOptions:
             raise ValueError(f"served_model_name must be non-empty names, got {self.served_model_name!r}")
         object.__setattr__(self, "served_model_name", tuple(names))
         for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer",
-                     "step_history"):
+                     "step_history", "max_outbox_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -94,7 +97,8 @@ class ServerOptions:
         return {"max_frame_bytes": self.max_frame_bytes,
                 "max_in_flight_per_connection": self.max_in_flight_per_conn,
                 "max_queue": self.engine.max_waiting, "step_buffer": self.step_buffer,
-                "max_n": MAX_N}
+                "max_outbox_bytes": self.max_outbox_bytes, "max_n": MAX_N,
+                "redact_tokens": self.redact_tokens, "client_restart": self.client_restart}
 
 
 class KVScopeServer(FrontDoor):
@@ -103,14 +107,17 @@ class KVScopeServer(FrontDoor):
                          token=options.token, max_frame_bytes=options.max_frame_bytes,
                          ping_interval=options.ping_interval,
                          limits=HubLimits(options.max_frame_bytes, options.step_buffer,
-                                          options.step_history),
+                                          options.step_history, options.max_outbox_bytes,
+                                          max_in_flight=options.max_in_flight_per_conn),
+                         redact_tokens=options.redact_tokens,
                          max_pending_ops=options.max_pending_ops,
                          board=HealthBoard(options.engine.model),
                          metrics=ServerMetrics(options.model_name))
         self.options = options
         self.metrics.watch_config(lambda: self.board.current.config)
+        self.metrics.watch_faults(lambda: self.board.faults)
         self.worker: EngineWorker | None = None
-        self.desk = ApiDesk(self.mailbox, self._engine_alive)
+        self.desk = ApiDesk(self.mailbox, self.hub.workers, lambda: self.hub.prep, self._engine_alive)
 
     @property
     def http_url(self) -> str:
@@ -154,7 +161,7 @@ class KVScopeServer(FrontDoor):
         opts = self.options
         self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board, self.recorder,
                                    opts.label, opts.max_in_flight_per_conn, opts.limits(),
-                                   opts.engine_factory)
+                                   opts.engine_factory, client_restart=opts.client_restart)
         self.worker.start()
 
     async def _stop_work(self) -> None:

@@ -42,6 +42,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-frame-bytes", type=int, default=1 << 20,
                    help="largest client frame answered; 4x this closes the connection (1009)")
     g.add_argument("--max-in-flight", type=int, default=64, help="live requests per connection")
+    g.add_argument("--no-client-restart", dest="client_restart", action="store_false",
+                   help="refuse clients' restart op (restart_disabled); restarts are bounded by "
+                        "the started pool and scheduler anyway")
+    g.add_argument("--redact-tokens", action="store_true",
+                   help="events, steps_since and snapshots carry ids and counts but no token ids "
+                        "(each submitter still gets its own outputs); without it every watcher "
+                        "sees every request's token ids")
+    g.add_argument("--max-outbox-bytes", type=int, default=64 << 20,
+                   help="unsent bytes per connection before it is closed as not reading (1008)")
     g.add_argument("--step-buffer", type=int, default=256,
                    help="unsent step messages per client before they are dropped (client resyncs)")
     g.add_argument("--kv-events-config", default=None, metavar="JSON",
@@ -74,7 +83,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              label=args.label, allow_remote=args.allow_remote,
                              token=os.environ.get(TOKEN_ENV) or None,
                              max_frame_bytes=args.max_frame_bytes,
-                             max_in_flight_per_conn=args.max_in_flight, step_buffer=args.step_buffer,
+                             max_in_flight_per_conn=args.max_in_flight,
+                             client_restart=args.client_restart, redact_tokens=args.redact_tokens,
+                             max_outbox_bytes=args.max_outbox_bytes, step_buffer=args.step_buffer,
                              served_model_name=tuple(args.served_model_name or ()))
     except (BindRefused, KVScopeError, ValueError) as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)

@@ -28,21 +28,23 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import (
-    EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError,
+    EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, RequestStatus,
+    SamplingParamsError,
 )
 from engine.events.step import StepRecord
 from engine.events.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.protocol.errors import ErrorCode
+from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Hello, Ok, Snapshot
-from engine.protocol.ops import Abort, ResetPrefixCache, Restart, Submit, TakeSnapshot
-from engine.server.engine_restart import rebuild_engine
+from engine.protocol.ops import Abort, AbortAll, ResetPrefixCache, Restart, Submit, TakeSnapshot
+from engine.server.engine_restart import RestartLimits, rebuild_engine
 from engine.server.health import Health, HealthBoard, ProgressCapture, Status
 from engine.server.mailbox import (
-    Attach, Delivery, Detach, Letter, Mailbox, NewRun, Reply, Shutdown, StepOut,
+    Attach, Delivery, Detach, Letter, Mailbox, NewRun, Prepared, Reply, Shutdown, StepOut,
 )
 from engine.server.output_messages import finished_fields
+from engine.server.prompt_prep import PromptPrep
 from engine.server.request_book import MAX_N, RequestBook
 from engine.server.sink import Sink, SinkItem
 from engine.startup import build_engine
@@ -59,7 +61,8 @@ class EngineWorker(threading.Thread):
     def __init__(self, config: EngineConfig, post: Post, mailbox: Mailbox,
                  board: HealthBoard, recorder: Any = None, label: str | None = None,
                  max_in_flight_per_sink: int = 64, limits: dict[str, Any] | None = None,
-                 engine_factory: EngineFactory | None = None, max_n: int = MAX_N) -> None:
+                 engine_factory: EngineFactory | None = None, max_n: int = MAX_N,
+                 client_restart: bool = True) -> None:
         super().__init__(name="kvscope-engine", daemon=True)
         self.config = config
         self.post = post
@@ -75,6 +78,12 @@ class EngineWorker(threading.Thread):
         self._last_seq = -1
         self._out: list[Delivery] = []
         self._want_snapshot: list[Letter] = []  # Attach and TakeSnapshot letters
+        self.prep: PromptPrep | None = None  # the current engine's, also handed to the front doors
+        # Restart is a privilege: the operator may turn it off, and a client's restart is
+        # bounded by what the first engine was started with (not by the running one).
+        # (When the server has a token, only clients presenting it get a connection.)
+        self.client_restart = client_restart
+        self.restart_limits: RestartLimits | None = None
         self.stop_requested = threading.Event()  # set by the app before it sends Shutdown
 
     # ---- lifecycle ---------------------------------------------------------------
@@ -91,6 +100,11 @@ class EngineWorker(threading.Thread):
         if self.stop_requested.is_set():  # stopped while loading: start no run at all
             return
         self._install(engine)
+        # The run's NewRun goes out now, not with the first letter's answers: the loop
+        # would otherwise wait for a client's op (the first of an idle server blocks
+        # this thread), and until it arrives the front doors have no PromptPrep (an
+        # API call's prompts would be tokenized here) and /metrics no run.
+        self._flush()
         try:
             self._serve()
         except BaseException:
@@ -106,6 +120,8 @@ class EngineWorker(threading.Thread):
     def _install(self, engine: LLMEngine) -> None:
         """Start a run on ``engine``; every subscriber is told (hello + empty snapshot)."""
         self.engine = engine
+        if self.restart_limits is None:
+            self.restart_limits = RestartLimits.of(engine)
         self._last_seq = -1
         self.book.new_run()
         config = engine.describe()
@@ -116,7 +132,8 @@ class EngineWorker(threading.Thread):
         else:  # not recorded, but a new run still needs a new id (clients key on it)
             self.run_id = new_run_id()
         engine.step_listeners.append(self._on_step)
-        self._out.append(NewRun(self._hello(), Snapshot(-1, engine.snapshot(), {})))
+        self.prep = PromptPrep.of(engine, self.prep)
+        self._out.append(NewRun(self._hello(), Snapshot(-1, engine.snapshot(), {}), self.prep))
         self.board.set(Health(Status.READY, "ready", self.run_id, engine.spec.name, config))
         log.info("kvscope: engine ready (run %s, %d blocks x %d tokens)", self.run_id,
                  config["num_blocks"], config["block_size"])
@@ -156,15 +173,54 @@ class EngineWorker(threading.Thread):
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as exc:  # an engine fault: fail the live requests, keep serving
-            log.exception("kvscope: engine step failed; aborting live requests")
-            for rid in self.book.live():
-                self._reply(self.book.get(rid).sink,
-                            Error(ErrorCode.INTERNAL, f"engine step failed: {exc}", rid, "submit"))
-            self._abort_all()
+        except Exception as exc:  # an engine fault: fail that step's requests, keep serving
+            self._fail_step(exc)
             return
         for out in outputs:
             self._deliver(out)
+
+    def _fail_step(self, exc: Exception) -> None:
+        """A step raised: fail only the requests it held, so the next step can run.
+
+        Which requests: the scheduler's ``running`` list after the failed step, that is
+        every request the step scheduled (``schedule()`` moves the waiting ones it admits
+        there) plus any running one the token budget left out of this step (the failed
+        step cannot say which ran; failing one request too many is the safe side). With
+        nothing running, the fault came before admission, so the head of ``waiting`` is
+        failed. Each failed request's submitter gets ``error`` (internal) and then its
+        ``finished`` (abort); a request the engine only half-entered (in the scheduler,
+        with no output state: issue 17's seed of 2**64) is removed from the scheduler.
+        Every failed step removes at least one request, so a poisoned request cannot
+        fail step after step. Blocks hashed for K/V the step never wrote lose their hash
+        (a prefix hit on them would read garbage). A fault with no request to blame (in
+        publishing) cannot be isolated: it is raised, and the server reports the error.
+        """
+        engine = self.engine
+        sched = engine.scheduler
+        held = list(sched.running) or list(sched.waiting)[:1]
+        if not held:
+            raise exc
+        sched.kv.uncache_uncomputed()  # idempotent: a fault after the forward finds nothing to undo
+        batch = [r.request_id for r in held]
+        rids = list(dict.fromkeys(r.parent_id or r.request_id for r in held))  # a fork's samples: one request
+        detail = f"{type(exc).__name__}: {exc}"
+        log.error("kvscope: engine step failed (%s); failing its %d request(s) %s",
+                  detail, len(rids), rids[:8], exc_info=exc)
+        for rid in rids:
+            owned = self.book.get(rid)
+            if owned is not None:
+                # no op: this answers no op (its submit was accepted); its finished follows
+                self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this request "
+                                              f"failed ({detail}); the request was aborted", rid))
+            try:
+                self._abort(rid)
+            except Exception:
+                log.exception("kvscope: aborting %s after a failed step failed", rid)
+                self.book.release(rid)
+        for core_id in batch:  # anything abort_request could not reach (no output state)
+            if core_id in sched.requests:
+                sched.finish_request(core_id, RequestStatus.FINISHED_ABORTED)
+        self.board.note_step_failure(detail, len(rids))
 
     # ---- commands ---------------------------------------------------------------------
 
@@ -172,7 +228,7 @@ class EngineWorker(threading.Thread):
         sink, cmd = letter.sink, letter.command
         if isinstance(cmd, (Attach, TakeSnapshot)):
             self._want_snapshot.append(letter)  # answered after the step, when no event is pending
-        elif isinstance(cmd, Submit):
+        elif isinstance(cmd, (Submit, Prepared)):
             self._submit(sink, cmd)
         elif isinstance(cmd, Abort):
             owned = self.book.get(cmd.request_id)
@@ -181,6 +237,10 @@ class EngineWorker(threading.Thread):
                                         f"of this connection", cmd.request_id, cmd.type))
             else:
                 self._abort(cmd.request_id)
+        elif isinstance(cmd, AbortAll):
+            n = len(self.book.live())
+            self._abort_all()
+            self._reply(sink, Ok(cmd.type, {"num_aborted": n}))
         elif isinstance(cmd, Detach):
             # The submitter is gone: nobody will read these outputs, so stop spending on them.
             for rid in self.book.live(sink):
@@ -199,26 +259,36 @@ class EngineWorker(threading.Thread):
         if sink is not None:
             self._out.append(Reply(sink, item))
 
-    def _submit(self, sink: Sink, cmd: Submit) -> None:
-        rid = cmd.request_id or self.book.name(sink)
-        refusal = self.book.refuse(sink, rid, cmd.params)
+    def _submit(self, sink: Sink, cmd: Submit | Prepared) -> None:
+        """Enter a submit. A ``Prepared`` one was checked and tokenized by its front door
+        (off this thread); a plain ``Submit`` (a front door that does not prepare) gets
+        the same checks here, from the same PromptPrep."""
+        op = cmd.submit if isinstance(cmd, Prepared) else cmd
+        rid = op.request_id or self.book.name(sink)
+        refusal = self.book.refuse(sink, rid, op.params)
         if refusal is not None:
             self._reply(sink, refusal)
             return
+        if not isinstance(cmd, Prepared):
+            try:
+                cmd = self.prep.prepare(op)
+            except ProtocolError as exc:
+                self._reply(sink, Error(exc.code, exc.message, rid, op.type))
+                return
         try:
-            self.engine.add_request(prompt=cmd.prompt, params=cmd.params, request_id=rid,
-                                    messages=cmd.messages)
+            self.engine.add_request(prompt=op.prompt, params=op.params, request_id=rid,
+                                    messages=op.messages, tokenized=(cmd.text, cmd.token_ids))
         except KVScopeError as exc:
             code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
                     ErrorCode.EMPTY_PROMPT if isinstance(exc, EmptyPromptError) else
                     ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else
                     ErrorCode.BAD_PARAMS if isinstance(exc, SamplingParamsError) else ErrorCode.BAD_REQUEST)
-            self._reply(sink, Error(code, str(exc), rid, cmd.type))
+            self._reply(sink, Error(code, str(exc), rid, op.type))
             return
-        except Exception as exc:  # e.g. a chat template that rejects these messages
-            self._reply(sink, Error(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, cmd.type))
+        except Exception as exc:  # nothing known raises here now; never fatal if something does
+            self._reply(sink, Error(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, op.type))
             return
-        self.book.add(rid, sink, cmd.params.to_dict())
+        self.book.add(rid, sink, op.params.to_dict())
         self._reply(sink, Accepted(rid))
 
     def _abort(self, rid: str) -> None:
@@ -241,10 +311,13 @@ class EngineWorker(threading.Thread):
             return
         hello = self._hello()
         snap = Snapshot(self._last_seq, self.engine.snapshot(), dict(self.engine.last_metrics))
+        answered: set[int] = set()  # a sink's requests of one round get one snapshot
         for letter in self._want_snapshot:
             if isinstance(letter.command, Attach):
                 self._reply(letter.sink, hello)
-            self._reply(letter.sink, snap)
+            if letter.sink is not None and letter.sink.id not in answered:
+                answered.add(letter.sink.id)
+                self._reply(letter.sink, snap)
         self._want_snapshot.clear()
 
     def _hello(self) -> Hello:
@@ -270,9 +343,13 @@ class EngineWorker(threading.Thread):
     # ---- restart and shutdown -------------------------------------------------------------
 
     def _restart(self, sink: Sink, cmd: Restart) -> None:
+        if not self.client_restart:
+            self._reply(sink, Error(ErrorCode.RESTART_DISABLED, "this server's operator disabled "
+                                    "client restarts (kvscope serve --no-client-restart)", op=cmd.type))
+            return
         old = self.engine
         try:
-            new = rebuild_engine(old, cmd.engine)
+            new = rebuild_engine(old, cmd.engine, self.restart_limits)
         except (KVScopeError, TypeError, ValueError) as exc:
             self._reply(sink, Error(ErrorCode.BAD_CONFIG, str(exc), op=cmd.type))
             return

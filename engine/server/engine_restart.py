@@ -1,43 +1,82 @@
 """Restart: a new engine with another pool or scheduler shape, on the loaded weights.
 
 What a client may ask for is bounded here: the keys (``protocol.ops.RESTART_KEYS``)
-are checked when the op is parsed, the values against the running engine and
-the operator's limits below. Runs on the engine thread.
+are checked when the op is parsed, the values against the operator's limits
+(``RestartLimits``: what the server started with). Whether a client may restart
+at all is the front door's and the engine thread's call (``--no-client-restart``,
+the token). Runs on the engine thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
-from engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig
+from engine.config import EngineConfig
 from engine.core import ConfigError
 from engine.llm_engine import LLMEngine
 from engine.startup import build_engine
 
 
-def rebuild_engine(old: LLMEngine, options: dict[str, Any]) -> LLMEngine:
+MIN_BLOCK_SIZE = 8  # smaller blocks multiply per-block bookkeeping for no teaching gain
+
+
+@dataclass(frozen=True, slots=True)
+class RestartLimits:
+    """What a client's restart may ask for: never more than the operator started the
+    server with. Taken from the first engine (``of``), not from the one running, so
+    restarts cannot ratchet the limits up one after another."""
+
+    pool_bytes: int  # the started KV pool, in bytes: a new pool may not be bigger
+    num_blocks: int  # nor hold more blocks (their bookkeeping is per block, whatever their size)
+    min_block_size: int  # MIN_BLOCK_SIZE, or the started block size when that is smaller
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> RestartLimits:
+        cache, sched = engine.cache_config, engine.scheduler_config
+        return cls(cache.num_blocks * engine.parts.kv_bytes_per_block, cache.num_blocks,
+                   min(MIN_BLOCK_SIZE, cache.block_size), sched.max_num_seqs,
+                   sched.max_num_batched_tokens)
+
+
+def rebuild_engine(old: LLMEngine, options: dict[str, Any], limits: RestartLimits | None = None
+                   ) -> LLMEngine:
     """The engine ``old`` becomes with ``options``; raises (KVScopeError, TypeError,
-    ValueError) and leaves ``old`` serving when they are refused."""
+    ValueError) and leaves ``old`` serving when they are refused. ``limits``: the
+    operator's (default: what ``old`` has)."""
+    limits = limits or RestartLimits.of(old)
     cfg = dataclasses.replace(old.config, **options)
-    check_restart(cfg, old)
+    per_block = old.spec.kv_bytes_per_block(cfg.block_size, old.parts.loaded.dtype)
+    if cfg.num_kv_blocks is None:  # "the default" is what the operator's budget holds, never more
+        cfg = dataclasses.replace(cfg, num_kv_blocks=min(limits.num_blocks, limits.pool_bytes // per_block))
+    check_restart(cfg, old, limits, per_block)
     # Reuse the loaded weights: only the pool and the scheduler change. The new
     # pool is allocated before the old one is dropped, so a bad config leaves
     # the old engine serving (at the price of both pools for a moment).
     return build_engine(cfg, loaded=old.parts.loaded, kv_events=old.kv_events)  # one KV event stream
 
 
-def check_restart(cfg: EngineConfig, old: LLMEngine) -> None:
+def check_restart(cfg: EngineConfig, old: LLMEngine, limits: RestartLimits, per_block: int) -> None:
     """Refuse restarts a client should not be able to ask for: a pool bigger than the
-    operator's (or the 1 GiB CPU default) would let any client exhaust the host's
-    memory, and positions past the model's own limit give garbage."""
+    operator's, in bytes or in blocks (block_size 1 made 2M blocks and blocked the engine
+    for 19 s), a scheduler wider than the operator's, and positions past the model's own
+    limit (garbage)."""
     limit = old.spec.max_position_embeddings
     if cfg.max_model_len is not None and cfg.max_model_len > limit:
         raise ConfigError(f"max_model_len {cfg.max_model_len} exceeds the model's {limit} positions")
-    if cfg.num_kv_blocks is not None:
-        budget = max(old.cache_config.num_blocks * old.parts.kv_bytes_per_block, DEFAULT_CPU_KV_BYTES)
-        per_block = old.spec.kv_bytes_per_block(cfg.block_size, old.parts.loaded.dtype)
-        if cfg.num_kv_blocks * per_block > budget:
-            raise ConfigError(f"{cfg.num_kv_blocks} blocks of {cfg.block_size} tokens need "
-                              f"{cfg.num_kv_blocks * per_block} bytes; this server allows at most "
-                              f"{budget} ({budget // per_block} blocks)")
+    if cfg.block_size < limits.min_block_size:
+        raise ConfigError(f"block_size {cfg.block_size} is below this server's minimum of "
+                          f"{limits.min_block_size}")
+    if cfg.num_kv_blocks > limits.num_blocks or cfg.num_kv_blocks * per_block > limits.pool_bytes:
+        raise ConfigError(f"{cfg.num_kv_blocks} blocks of {cfg.block_size} tokens need "
+                          f"{cfg.num_kv_blocks * per_block} bytes; this server allows at most "
+                          f"{limits.pool_bytes} bytes and {limits.num_blocks} blocks "
+                          f"({min(limits.num_blocks, limits.pool_bytes // per_block)} blocks of "
+                          f"{cfg.block_size} tokens)")
+    for name in ("max_num_seqs", "max_num_batched_tokens"):
+        value, most = getattr(cfg, name), getattr(limits, name)
+        if value is not None and value > most:
+            raise ConfigError(f"{name} {value} is above this server's {most}")

@@ -56,14 +56,15 @@ Post = Callable[[list[Delivery]], None]
 class FrontDoor:
     def __init__(self, *, host: str, port: int, db: str | None, record: bool, token: str | None,
                  max_frame_bytes: int, ping_interval: float | None, limits: HubLimits,
-                 max_pending_ops: int, board: HealthBoard, metrics: HubMetrics) -> None:
+                 max_pending_ops: int, board: HealthBoard, metrics: HubMetrics,
+                 redact_tokens: bool = False) -> None:
         self.host, self.requested_port, self.db, self.record = host, port, db, record
         self.token, self.max_frame_bytes, self.ping_interval = token, max_frame_bytes, ping_interval
         self.port: int | None = None
         self.board = board
         self.metrics = metrics
         self.mailbox = Mailbox(max_pending_ops)
-        self.hub = Hub(self.mailbox, self.metrics, limits)
+        self.hub = Hub(self.mailbox, self.metrics, limits, redact_tokens=redact_tokens)
         self.gate = Gate(board, metrics, token,
                          lambda: {"connections": len(self.hub.conns),
                                   "uptime_s": round(time.time() - self.board.started, 3),
@@ -198,6 +199,7 @@ class FrontDoor:
         log.info("kvscope: shutting down")
         self.hub.stopping = self.gate.stopping = True
         await self._stop_work()
+        self.hub.close()
         deadline = time.monotonic() + 1.0  # let final replies (finished/abort) reach clients
         while (self.hub.pending_replies() or self._open_calls()) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -224,8 +226,23 @@ class FrontDoor:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """The listening socket (bound here, so a taken port is an OSError for the caller)."""
+    """The listening socket (bound here, so a taken port is an OSError for the caller).
+
+    Made with ``proto=IPPROTO_TCP`` on purpose: accepted sockets inherit it, and asyncio
+    turns Nagle off (TCP_NODELAY) only on sockets that say they are TCP. From
+    ``socket.create_server`` (proto 0) every connection kept Nagle on, and each small
+    frame after the first waited for the client's delayed ACK (~40 ms): a stream of
+    steps or SSE chunks arrived in bursts, tens of milliseconds late."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host.strip("[]"), port), family=family, backlog=2048)
-    sock.setblocking(False)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as create_server does
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
     return sock

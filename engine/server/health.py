@@ -36,6 +36,7 @@ class Health:
     model: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     recorder: RecorderHealth | None = None  # None when the server does not record
+    faults: StepFaults | None = None  # engine steps that raised (their requests failed)
 
     @property
     def serving(self) -> bool:
@@ -50,7 +51,24 @@ class Health:
                      max_model_len=self.config.get("max_model_len"))
         if self.recorder is not None:
             d["recorder"] = self.recorder.to_dict()
+        if self.faults is not None:
+            d["step_failures"] = self.faults.to_dict()
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class StepFaults:
+    """Engine steps that raised since the server started (across restarts): each failed
+    only the requests it held, and the engine kept serving (``engine_loop._fail_step``)."""
+
+    steps: int = 0
+    requests: int = 0
+    last: str = ""  # the last fault, as ``Type: message``
+    last_at: float = 0.0  # unix time
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "requests": self.requests, "last": self.last,
+                "last_at": self.last_at}
 
 
 class HealthBoard:
@@ -59,12 +77,15 @@ class HealthBoard:
     def __init__(self, model: str) -> None:
         self._engine = Health(Status.LOADING, f"loading {model}", model=model)
         self._recorder: Callable[[], RecorderHealth] | None = None
+        self.faults = StepFaults()
         self.started = time.time()
 
     @property
     def current(self) -> Health:
         """The engine's Health, with the recorder's snapshot (degraded if it has a problem)."""
         health, source = self._engine, self._recorder
+        if self.faults.steps:
+            health = replace(health, faults=self.faults)
         if source is None:
             return health
         rec = source()
@@ -79,6 +100,11 @@ class HealthBoard:
 
     def set(self, health: Health) -> None:
         self._engine = health
+
+    def note_step_failure(self, detail: str, num_requests: int) -> None:
+        """Count a step that raised and failed ``num_requests`` requests."""
+        f = self.faults
+        self.faults = StepFaults(f.steps + 1, f.requests + num_requests, detail[:500], time.time())
 
     def note(self, line: str) -> None:
         """A progress line while loading (shown as ``detail``)."""

@@ -18,8 +18,10 @@ from engine.store.recorder_health import RecorderHealth
 class HubMetrics(Protocol):
     dropped_steps: Any  # a prometheus Counter: step messages dropped for slow clients
     errors: Any  # a prometheus Counter labelled by error code
+    slow_client_closes: Any  # a prometheus Counter: connections closed 1008 slow_client
 
-    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int]) -> None: ...
+    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
+                  outbox_max_bytes: Callable[[], int] = ...) -> None: ...
 
     def watch_recorder(self, health: Callable[[], RecorderHealth]) -> None: ...
 

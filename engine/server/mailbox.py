@@ -15,12 +15,15 @@ import itertools
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from engine.events.step import StepRecord
 from engine.protocol.messages import Hello, Snapshot
-from engine.protocol.ops import Op
+from engine.protocol.ops import Op, Submit
 from engine.server.sink import Sink, SinkItem
+
+if TYPE_CHECKING:  # prompt_prep imports this module
+    from engine.server.prompt_prep import PromptPrep
 
 # ---- commands (event-loop thread → engine thread) ---------------------------
 
@@ -46,7 +49,19 @@ class Shutdown(Lifecycle):
     """Abort everything, publish the last events, finish the run, end the thread."""
 
 
-Command = Union[Op, Lifecycle]
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A ``Submit`` whose prompt the front door already checked and tokenized
+    (``engine.server.prompt_prep``), so the engine thread only enters it. Bounded
+    like the op it carries. ``text``: the prompt text (the rendered chat for
+    ``messages``), None for a prompt of token ids."""
+
+    submit: Submit
+    text: str | None
+    token_ids: list[int]
+
+
+Command = Union[Op, Prepared, Lifecycle]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +90,7 @@ class Mailbox:
         with self._lock:
             return next(self._sink_ids)
 
-    def send(self, sink: Sink, op: Op) -> bool:
+    def send(self, sink: Sink, op: Op | Prepared) -> bool:
         """Queue an op; False when the bound is reached (the caller says ``busy``)."""
         with self._lock:
             if self._ops >= self.max_ops:
@@ -127,10 +142,12 @@ class StepOut:
 
 @dataclass(frozen=True, slots=True)
 class NewRun:
-    """After a restart: every subscriber gets this hello + snapshot."""
+    """A new run (the first, or after a restart): every subscriber gets this hello +
+    snapshot, and the front doors this engine's PromptPrep (its limits may change)."""
 
     hello: Hello
     snapshot: Snapshot
+    prep: PromptPrep | None = None
 
 
 Delivery = Union[Reply, StepOut, NewRun]

@@ -1,12 +1,22 @@
-"""Outbox: one client's outgoing messages, on the event-loop thread.
+"""Outbox: one client's outgoing messages, on the event-loop thread, bounded in bytes.
 
 Two lanes, so a slow reader never slows the engine or anyone else:
-- replies (hello, snapshot, accepted, output, finished, error, ok, pong) are
-  never dropped and go first. They are bounded only as a last resort
-  (``max_replies``): a client that lets that many pile up is closed.
-- step messages are bounded (``max_steps``); when the lane is full the new step
-  is dropped and counted. The client then sees a gap in ``seq`` and asks for a
+- replies (hello, snapshot, accepted, output, finished, error, ok, pong) are never
+  dropped and go first;
+- step messages are bounded (``max_steps``); when the lane is full the new step is
+  dropped and counted. The client then sees a gap in ``seq`` and asks for a
   snapshot; a new snapshot clears the lane, since every queued step is older.
+
+Both lanes together hold at most ``max_bytes`` of frames (frames are compact ASCII
+JSON, so ``len`` is their size in bytes). A reply that does not fit first evicts
+the queued steps (droppable); if it still does not fit, ``put_reply`` says so and
+the connection must be closed: a client that lets that much pile up is not
+reading. One frame bigger than the whole bound (a snapshot of a huge pool) is
+still let in when nothing else is queued, so memory stays under
+``max(max_bytes, one frame)``.
+
+A snapshot supersedes an unsent older snapshot: the older one is dropped, so a
+client that asks for a hundred snapshots without reading is owed one.
 
 Writer: the Hub (deliveries) and the connection's writer task (``get``), both on
 the loop thread, so no lock is needed.
@@ -19,41 +29,68 @@ from collections import deque
 
 
 class Outbox:
-    def __init__(self, max_steps: int, max_replies: int) -> None:
-        if max_steps < 1 or max_replies < 1:
-            raise ValueError("max_steps and max_replies must be >= 1")
+    def __init__(self, max_steps: int, max_bytes: int) -> None:
+        if max_steps < 1 or max_bytes < 1:
+            raise ValueError("max_steps and max_bytes must be >= 1")
         self.max_steps = max_steps
-        self.max_replies = max_replies
-        self._replies: deque[str] = deque()
+        self.max_bytes = max_bytes
+        self._replies: deque[tuple[str, bool]] = deque()  # (frame, is a snapshot)
         self._steps: deque[str] = deque()
         self._wake = asyncio.Event()
+        self.num_bytes = 0  # queued in both lanes
         self.dropped_steps = 0
-        self.max_steps_seen = 0  # high-water mark of the step lane (tests and /metrics)
+        self.superseded_snapshots = 0
+        self.max_steps_seen = 0  # high-water marks (tests and /metrics)
+        self.max_bytes_seen = 0
         self.closed = False
 
-    def put_reply(self, frame: str) -> bool:
-        """Queue a reply; False when the reply bound is hit (the client must go)."""
-        if self.closed or len(self._replies) >= self.max_replies:
+    def put_reply(self, frame: str, snapshot: bool = False) -> bool:
+        """Queue a reply; False when it cannot fit in the byte bound (the client must go)."""
+        if self.closed:
             return False
-        self._replies.append(frame)
-        self._wake.set()
+        if snapshot:
+            self._drop_snapshots()
+            self.clear_steps()  # all older than this snapshot
+        if not self._fits(len(frame)):
+            self.dropped_steps += len(self._steps)
+            self.clear_steps()
+            if not self._fits(len(frame)):
+                return False
+        self._replies.append((frame, snapshot))
+        self._grew(len(frame))
         return True
 
     def put_step(self, frame: str) -> bool:
-        """Queue a step message; False (and counted) when the lane is full."""
+        """Queue a step message; False (and counted) when the lane or the bound is full."""
         if self.closed:
             return False
-        if len(self._steps) >= self.max_steps:
+        if len(self._steps) >= self.max_steps or not self._fits(len(frame)):
             self.dropped_steps += 1
             return False
         self._steps.append(frame)
         self.max_steps_seen = max(self.max_steps_seen, len(self._steps))
-        self._wake.set()
+        self._grew(len(frame))
         return True
 
     def clear_steps(self) -> None:
         """Drop queued steps: a snapshot or a new run that follows supersedes them."""
+        self.num_bytes -= sum(len(f) for f in self._steps)
         self._steps.clear()
+
+    def _drop_snapshots(self) -> None:
+        if any(snap for _, snap in self._replies):
+            kept = deque(r for r in self._replies if not r[1])
+            self.superseded_snapshots += len(self._replies) - len(kept)
+            self.num_bytes -= sum(len(f) for f, snap in self._replies if snap)
+            self._replies = kept
+
+    def _fits(self, size: int) -> bool:
+        return self.num_bytes + size <= self.max_bytes or not (self._replies or self._steps)
+
+    def _grew(self, size: int) -> None:
+        self.num_bytes += size
+        self.max_bytes_seen = max(self.max_bytes_seen, self.num_bytes)
+        self._wake.set()
 
     @property
     def num_steps(self) -> int:
@@ -63,15 +100,22 @@ class Outbox:
     def num_replies(self) -> int:
         return len(self._replies)
 
+    @property
+    def num_snapshots(self) -> int:
+        return sum(1 for _, snap in self._replies if snap)
+
     async def get(self) -> str:
         """The next frame to send, replies first."""
         while not (self._replies or self._steps):
             self._wake.clear()
             await self._wake.wait()
-        return self._replies.popleft() if self._replies else self._steps.popleft()
+        frame = self._replies.popleft()[0] if self._replies else self._steps.popleft()
+        self.num_bytes -= len(frame)
+        return frame
 
     def close(self) -> None:
         self.closed = True
         self._replies.clear()
         self._steps.clear()
+        self.num_bytes = 0
         self._wake.set()

@@ -32,6 +32,7 @@ from engine.events.step import StepRecord
 from engine.server.metrics.kvscope_families import KVScopeFamilies
 from engine.server.metrics.series import Series
 from engine.server.metrics.vllm_families import VLLMFamilies
+from engine.server.health import StepFaults
 from engine.store.recorder_health import RecorderHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
@@ -51,18 +52,24 @@ class ServerMetrics:
         # the hub counts these itself
         self.dropped_steps = self.kvscope.dropped_steps
         self.errors = self.kvscope.errors
+        self.slow_client_closes = self.kvscope.slow_client_closes
 
     @property
     def model_name(self) -> str:
         return self.series.model_name
 
-    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int]) -> None:
+    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
+                  outbox_max_bytes: Callable[[], int] = lambda: 0) -> None:
         """Gauges read at scrape time from the hub."""
-        self.kvscope.watch_hub(connections, outbox_max)
+        self.kvscope.watch_hub(connections, outbox_max, outbox_max_bytes)
 
     def watch_recorder(self, health: Callable[[], RecorderHealth]) -> None:
         """The recorder's figures, read at scrape time from ``Recorder.health``."""
         self.registry.register(_RecorderCollector(health, self.series))
+
+    def watch_faults(self, faults: Callable[[], StepFaults]) -> None:
+        """Engine steps that raised, read at scrape time from the health board."""
+        self.registry.register(_FaultCollector(faults, self.series))
 
     def watch_config(self, config: Callable[[], dict[str, Any]]) -> None:
         """The current run's effective config (empty while loading), read when needed."""
@@ -124,4 +131,24 @@ class _RecorderCollector:
                  int(h.alive and h.fault is None))):
             family = GaugeMetricFamily(name, doc, labels=names)
             family.add_metric(values, value)
+            yield family
+
+
+class _FaultCollector:
+    """``kvscope_engine_step_failures`` and ``..._failed_requests``: steps that raised, and
+    the requests they failed (each fails only its own; the engine keeps serving)."""
+
+    def __init__(self, faults: Callable[[], StepFaults], series: Series) -> None:
+        self.faults = faults
+        self.series = series
+
+    def collect(self):
+        f = self.faults()
+        for name, doc, value in (
+                ("kvscope_engine_step_failures", "Engine steps that raised; each failed only the "
+                 "requests it held.", f.steps),
+                ("kvscope_engine_failed_requests", "Requests failed by an engine step that raised.",
+                 f.requests)):
+            family = CounterMetricFamily(name, doc, labels=["model_name", "engine"])
+            family.add_metric(list(self.series.values), value)
             yield family

@@ -13,7 +13,7 @@ for each, in the order the engine made them. ``item`` is:
 - a ``RequestOutput`` for every step in which the request made progress: its
   ``deltas`` are new text and tokens per sample since the previous one, and the
   last has ``finished`` set (also after an ``Abort``, with reason ``abort``);
-- ``Ok`` for ``ResetPrefixCache`` (``num_blocks_reset``) and ``Restart``;
+- ``Ok`` for ``ResetPrefixCache`` (``num_blocks_reset``), ``AbortAll`` (``num_aborted``) and ``Restart``;
   ``Error`` for a refused op;
 - ``Hello`` and ``Snapshot`` for ``Attach`` and ``TakeSnapshot`` (subscribers).
 

@@ -40,8 +40,11 @@ def test_dashboard_starts_a_server_and_stops_it_at_exit(autostart_env):
     proc = connection.server_status().managed
     assert proc is not None and proc.alive() and str(autostart_env) in proc.cmd
     assert "--num-kv-blocks" in proc.cmd
-    _run_until(at, lambda a: any(m.label == "blocks used" for m in a.metric), 120,
-               "the started server to go live")
+    # The sidebar renders before the page; on the run where the page first goes live the
+    # sidebar may still show the loading state, so wait for both.
+    _run_until(at, lambda a: any(m.label == "blocks used" for m in a.metric)
+               and any("64 blocks" in c.value for c in a.caption), 120,
+               "the started server to go live, page and sidebar")
     assert any("64 blocks" in c.value for c in at.caption)  # sidebar: the started engine
     release_streamlit_resources()  # what Streamlit does on exit / cache clear
     assert proc.proc.wait(30) is not None

@@ -83,3 +83,44 @@ def test_event_log_rows_and_summary():
     assert any(r["what"] == "copy-on-write copy" and "→" in r["blocks"] for r in rows)
     assert "copy-on-write copy" in step_summary(events)
     assert step_summary([]) == "no block changes"
+
+
+def test_step_summary_pluralizes_and_tells_reset_drops_from_evictions():
+    ev = ([CowCopy(1, f"r{i}", 6, 8 + i, 1, 1) for i in range(3)]
+          + [BlockEvicted(1, b, f"h{b}", reason="reset") for b in range(62)]
+          + [BlockEvicted(1, 70, "h70")])
+    assert step_summary(ev) == ("3 copy-on-write copies · 62 cached hashes dropped by the "
+                                "prefix-cache reset · 1 block evicted (LRU, reused)")
+    assert step_summary([CowCopy(1, "r", 6, 8, 1, 1)]) == "1 copy-on-write copy"
+
+
+def test_block_tables_always_label_physical_ids_and_keep_forks_together():
+    from dashboard.figures.tables import family_order, id_font_px, tables_figure
+
+    s = make_scheduler(block_size=4, num_blocks=64)
+    s.add_request(req("a", list(range(10)), max_tokens=4, n=4))
+    s.add_request(req("b", list(range(20, 26)), max_tokens=4))
+    step(s)
+    step(s)
+    snap = s.snapshot()
+    fig = tables_figure(snap)
+    assert fig.layout.uniformtext.mode is None  # nothing is hidden for lack of room
+    def rid(label):
+        return label.split(" · ")[0].split(" (")[0].strip(" ↳")
+
+    labels = list(fig.layout.yaxis.categoryarray)
+    assert [rid(lb) for lb in labels] == ["a", "a#1", "a#2", "a#3", "b"]
+    shown = {}
+    for t in fig.data[1:]:  # the in-use and shared segments carry the ids as text
+        assert t.textfont.size >= 6 and t.textposition == "inside"
+        for y, base, text in zip(t.y, t.base, t.text):
+            shown[(rid(y), base)] = int(text)
+    for rid, r in snap.requests.items():  # every entry of every table, by its physical id
+        for i, b in enumerate(r.block_table):
+            assert shown[(rid, i)] == b
+    # the label size shrinks with the columns a block gets, within 6..12 px
+    assert id_font_px(4, 9) == 12 and id_font_px(200, 1455) == 6
+    assert 6 < id_font_px(25, 150) < 12
+    assert [r["request_id"] for r in family_order([
+        {"request_id": "x#1", "parent_id": "x"}, {"request_id": "y", "parent_id": None},
+        {"request_id": "x", "parent_id": None}])] == ["y", "x", "x#1"]

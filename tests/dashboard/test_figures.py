@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import pytest
 
 from dashboard import palette
-from dashboard.contiguous import baselines, split_now, summary_table
+from dashboard.contiguous import baselines_of_records, split_now, summary_frame, summary_table
 from dashboard.figures import fragmentation
 from dashboard.figures.compare import PANELS, overlay_figure
 from dashboard.figures.grid import grid_figure
@@ -71,9 +71,8 @@ def test_time_series_figures(run):
 
 def test_paged_vs_contiguous(run):
     config, records, max_tokens, snap, rec = run
-    history = [r.metrics for r in records]
-    base = baselines(records, history, config["num_blocks"], config["block_size"],
-                     config["max_model_len"], max_tokens)
+    base = baselines_of_records(records, config["num_blocks"], config["block_size"],
+                                config["max_model_len"], max_tokens)
     rows = split_now(snap, base)
     cap = config["num_blocks"] * config["block_size"]
     assert len(rows) == 3
@@ -85,6 +84,10 @@ def test_paged_vs_contiguous(run):
     assert paged["allocator"].startswith("paged")
     # reserving max_model_len per request fits fewer requests than paging does
     assert mml["max running requests"] <= paged["max running requests"]
+    assert mml["mean running requests"] <= paged["mean running requests"]
+    shown = summary_frame(base)  # turned: one column per allocator, all of them visible
+    assert [list(r)[1:] for r in shown][0] == [t["allocator"] for t in table]
+    assert {r["figure"] for r in shown} == set(table[0]) - {"allocator"}
     _check(fragmentation.split_figure(rows, cap, rec.step))
     _check(fragmentation.concurrency_figure(base, rec.step))
 

@@ -16,13 +16,16 @@ from tests.server.conftest import db_path, make_server, tiny_llama  # noqa: F401
 from tests.server.helpers import GREEDY
 
 
-def _view(run_id, records, upto, window=5, config=None):
-    """What LiveConnection.view() shows after step record ``upto`` (a bounded window)."""
+def _view(run_id, records, upto, window=5, config=None, folded=None):
+    """What LiveConnection.view() shows after step record ``upto`` (a bounded window);
+    ``folded``: the state stopped at that record instead (resyncing: steps run ahead)."""
     shown = records[max(0, upto - window + 1):upto + 1]
+    folded = upto if folded is None else folded
     state = PoolState(config["num_blocks"], config["block_size"])
-    for r in records[:upto + 1]:
+    for r in records[:folded + 1]:
         state.apply_step(r)
-    return SimpleNamespace(run_id=run_id, seq=records[upto].seq, state=state.to_snapshot(),
+    snap = state.to_snapshot()
+    return SimpleNamespace(run_id=run_id, seq=records[folded].seq, state=snap,
                            config=config, metrics=records[upto].metrics, recent_steps=shown)
 
 
@@ -57,7 +60,8 @@ def test_feed_fills_gaps_from_the_server_and_resets_on_a_new_run(tmp_path):
 
     frame = feed.frame(_view(run_id, records, last, config=config), got)
     assert frame.source == "live" and frame.events == records[-1].events
-    assert len(frame.history) == len(records) and frame.max_tokens == {"sys-0": 6}
+    assert len(frame.history) == len(records)
+    assert {r.request_id: r.max_tokens for r in frame.schedule.requests}["sys-0"] == 6
 
     other = record_run(db, num_blocks=48)  # a restart: a new run id
     others = store.load_steps(other)
@@ -106,3 +110,40 @@ def test_live_feed_fills_its_gap_through_a_real_connection(make_server):  # noqa
         assert [r.seq for r in got] == list(range(last + 1)) and feed.missing_steps == 0
     finally:
         live.stop()
+
+
+def test_every_part_of_a_live_frame_is_of_one_step_or_the_frame_is_dropped(tmp_path):
+    db = str(tmp_path / "runs.sqlite")
+    run_id = record_run(db, num_blocks=20)
+    store = RunStore(db)
+    records, config = store.load_steps(run_id), store.get_run(run_id)["config"]
+    feed = LiveFeed(lambda run_id, seq, until: [])
+    shown = []
+    for upto in range(len(records)):
+        view = _view(run_id, records, upto, config=config)
+        frame = feed.frame(view, feed.poll(view))
+        step = records[upto].step
+        # pool, KPI metrics, events and the contiguous baseline: all of this one step
+        assert frame.consistent and frame.step == step == frame.metrics["step"]
+        assert frame.events == records[upto].events and frame.schedule.last_step == step
+        shown.append(frame)
+    assert feed.dropped_frames == 0
+    # a resync: steps 11.. arrived while the state still stands at step record 10
+    feed = LiveFeed(lambda run_id, seq, until: [])
+    good = feed.frame(_view(run_id, records, 10, config=config),
+                      feed.poll(_view(run_id, records, 10, config=config)))
+    ahead = _view(run_id, records, 14, config=config, folded=10)
+    again = feed.frame(ahead, feed.poll(ahead))
+    assert again is good and feed.dropped_frames == 1  # the old frame, not a mix
+    # the feed lost the shown step but the view has its metrics (a snapshot's): drawn,
+    # its events marked unknown and no baseline (it would end short of the step)
+    feed = LiveFeed(lambda run_id, seq, until: [])
+    feed.poll(_view(run_id, records, 3, config=config))
+    jump = _view(run_id, records, 12, window=0, config=config)
+    lost = feed.frame(jump, feed.poll(jump))
+    assert lost.consistent and not lost.events_known and lost.events == []
+    assert lost.step == records[12].step == lost.metrics["step"] and lost.schedule is None
+    assert feed.missing_steps == 9
+    # and a view whose metrics are of another step than its state: dropped
+    bad = SimpleNamespace(**{**vars(jump), "metrics": records[11].metrics})
+    assert feed.frame(bad, feed.poll(bad)) is lost

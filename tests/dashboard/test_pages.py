@@ -75,6 +75,33 @@ def test_submit_prompt_and_preset_stream_outputs():
                 what="four fork samples")
 
 
+def test_submit_form_refuses_out_of_range_and_empty_inputs_beside_the_field():
+    at = app().run()
+    at.switch_page("views/submit.py")
+    rerun_until(at, lambda a: not a.button(key="preset_forks").disabled, what="a live engine")
+    at.number_input(key="sp_max_tokens").set_value(0)
+    at.number_input(key="sp_n").set_value(100)
+    next(b for b in at.button if b.label == "Submit").click().run()
+    errors = [e.value for e in at.error]
+    assert any("max_tokens must be a whole number from 1 to" in e for e in errors), errors
+    assert any("n must be from 1 to 64" in e for e in errors), errors
+    assert "submit_request_ids" not in at.session_state  # nothing was sent
+    at.number_input(key="sp_max_tokens").set_value(4)
+    at.number_input(key="sp_n").set_value(1)
+    at.text_area(key="submit_prompt").set_value("   ")
+    next(b for b in at.button if b.label == "Submit").click().run()
+    assert [e.value for e in at.error] == ["Write a prompt: it may not be empty."]
+    at.radio(key="submit_mode").set_value("Chat").run()
+    at.text_input(key="submit_system").set_value("")
+    at.text_area(key="submit_user").set_value("")
+    next(b for b in at.button if b.label == "Submit").click().run()
+    assert any("Write a user message" in e.value for e in at.error)
+    at.text_area(key="submit_user").set_value("Hi")
+    next(b for b in at.button if b.label == "Submit").click().run()
+    assert not at.error  # a good one goes out, and no stale message stays
+    rerun_until(at, lambda a: "finished (length)" in texts(a), what="the chat's output")
+
+
 def test_replay_page_steps_jumps_and_plays(dashboard_env):
     runs = RunStore(dashboard_env.db).list_runs()
     pressure = next(r for r in runs if r["label"] == "fake pool 20 (pressure)")

@@ -37,7 +37,11 @@ def test_frame_and_jumps(stored):
     _, _, sr = stored
     f = sr.frame(0)
     assert f.source == "replay" and f.step == sr.records[0].step and len(f.history) == 1
-    assert f.max_tokens and all(v for v in f.max_tokens.values())
+    # the contiguous baseline's input: the whole run's schedule, every request's max_tokens
+    reqs = f.schedule.requests
+    assert reqs and all(r.max_tokens for r in reqs if r.parent_id is None)
+    assert f.schedule.last_step == sr.records[-1].step
+    assert len(f.schedule_history) == len(sr.records)
     for kind, cls in stored_runs.JUMPS.items():
         hits = [i for i, r in enumerate(sr.records) if any(type(e) is cls for e in r.events)]
         assert hits, f"the pressure run has a {kind}"

@@ -36,8 +36,8 @@ def test_page_walks_through_lesson_6(monkeypatch, tiny_llama, tmp_path):
     at.button(key="lesson_run").click().run(timeout=240)
     assert not at.error, [e.value for e in at.error]
     text = _texts(at)
-    assert "Computed from the run: **the forks use fewer** (✅ you predicted it)" in text
-    assert "Computed from the run: **3** (❌ you predicted 4)" in text
+    assert "Computed from the run: **the forks use fewer** (right: you predicted it)" in text
+    assert "Computed from the run: **3** (not quite: you predicted 4)" in text
     assert "Takeaway" in text
     assert len(at.get("plotly_chart")) == 3  # two charts and the pool grid
     at.button(key="lesson_6_replay_0").click().run()

@@ -69,6 +69,39 @@ def test_prompt_longer_than_max_model_len_says_by_how_much(client):
     _still_serves(client)
 
 
+def test_prompts_are_prepared_off_the_engine_thread(server, client):
+    # As for a websocket submit: PromptPrep checks and tokenizes in the hub's worker pool
+    # and the engine thread only enters the Prepared request (it prepares plain Submits).
+    deadline = time.monotonic() + 10  # ready is set on the engine thread just before the
+    while server.hub.prep is None:    # run's NewRun (which carries the PromptPrep) reaches the loop
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    prep = server.hub.prep
+    seen: list[str] = []
+    real = prep.prepare
+
+    def spy(op):
+        seen.append(threading.current_thread().name)
+        return real(op)
+
+    prep.prepare = spy
+    client.completions.create(model="llama", prompt=["one", "two"], extra_body=NO_EOS, **GREEDY)
+    client.chat.completions.create(model="llama", messages=CHAT, extra_body=NO_EOS, **GREEDY)
+    assert len(seen) == 3 and all(name.startswith("kvscope-prep") for name in seen), seen
+    # its refusals, before any tokenizing: more bytes than any prompt that fits, a role
+    # the chat template does not know
+    too_big = "x" * (prep.max_prompt_bytes + 1)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llama", prompt=too_big)
+    err = _body(e.value)
+    assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    assert f"{len(too_big)} bytes" in err["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="llama", messages=[{"role": "robot", "content": "hi"}])
+    assert "'robot'" in _body(e.value)["message"]
+    _still_serves(client)
+
+
 def test_unknown_model_is_404(client, tiny_llama):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=CHAT)

@@ -5,7 +5,7 @@ import json
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from engine.client import KVScopeClient
+from engine.client import KVScopeClient, ServerError
 from tests.server.helpers import GREEDY, raw, recv_until, send
 
 LONG = {"temperature": 0.0, "max_tokens": 40, "ignore_eos": True}
@@ -66,6 +66,20 @@ def test_bad_frames_get_errors_and_the_connection_stays_open(make_server):
     fin, _ = recv_until(ws, lambda m: m["type"] == "finished" and m["request_id"] == "good")
     assert fin["outputs"][0]["finish_reason"] == "length"
     ws.close()
+
+
+def test_a_too_large_submit_is_refused_with_its_request_id(make_server):
+    server = make_server(max_frame_bytes=4096)
+    ws = raw(server.url)
+    send(ws, type="submit", prompt="y" * 5000, request_id="big-1")
+    err = _error(ws)
+    assert (err["code"], err["request_id"], err["op"]) == ("too_large", "big-1", "submit")
+    ws.close()
+    # so a client waiting for that request's answer gets the refusal, not a timeout
+    with KVScopeClient(server.url, timeout=20) as c:
+        with pytest.raises(ServerError) as refused:
+            c.submit("z" * 6000, params=GREEDY, request_id="big-2")
+        assert refused.value.code == "too_large" and refused.value.request_id == "big-2"
 
 
 def test_oversize_frame_closes_only_that_connection(make_server):

@@ -4,76 +4,20 @@ answers, RequestOutputs included."""
 
 from __future__ import annotations
 
-import queue
-import time
-
 import pytest
 
-from engine.config import EngineConfig
 from engine.core.sampling_params import SamplingParams
-from engine.outputs import RequestOutput
 from engine.protocol import Abort, Accepted, Error, Ok, Ping, ResetPrefixCache, Submit
-from engine.server.engine_loop import EngineWorker
-from engine.server.health import HealthBoard, Status
-from engine.server.mailbox import Detach, Mailbox, NewRun, Reply, Shutdown, StepOut
-from engine.server.sink import Sink, Source
-from tests.server.conftest import ENGINE
+from engine.server.mailbox import Detach, NewRun, StepOut
+from engine.server.sink import Sink
+from tests.server.door import ListSink, door, make_door  # noqa: F401 (fixtures)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 LONG = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
 
 
-class ListSink(Sink):
-    """What an HTTP request's handler would hold: the answers, in order."""
-
-    source = Source.OPENAI
-
-    def __init__(self, sink_id: int) -> None:
-        self.id = sink_id
-        self.items: list = []
-
-    def deliver(self, item) -> None:
-        self.items.append(item)
-
-    def outputs(self, rid: str) -> list[RequestOutput]:
-        return [i for i in self.items if isinstance(i, RequestOutput) and i.request_id == rid]
-
-    def finished(self, rid: str) -> RequestOutput | None:
-        return next((o for o in self.outputs(rid) if o.finished), None)
-
-
-@pytest.fixture
-def door(tiny_llama):
-    """An engine thread and its mailbox, with deliveries applied on this thread."""
-    mailbox = Mailbox(64)
-    batches: queue.SimpleQueue = queue.SimpleQueue()
-    board = HealthBoard("llama")
-    worker = EngineWorker(EngineConfig(model=tiny_llama, **ENGINE), batches.put, mailbox, board)
-    worker.start()
-    deadline = time.monotonic() + 60
-    while board.current.status is Status.LOADING:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    assert board.current.status is Status.READY
-    seen: list = []
-
-    def pump(done, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            batch = batches.get(timeout=max(0.01, deadline - time.monotonic()))
-            for d in batch:
-                seen.append(d)
-                if isinstance(d, Reply):
-                    d.sink.deliver(d.item)
-
-    yield mailbox, pump, seen
-    mailbox.send_lifecycle(None, Shutdown())
-    worker.join(30)
-    assert not worker.is_alive()
-
-
 def test_a_front_door_without_a_websocket(door):
-    mailbox, pump, seen = door
+    mailbox, pump, seen = door.mailbox, door.pump, door.seen
     a, b = ListSink(mailbox.new_sink_id()), ListSink(mailbox.new_sink_id())
     assert mailbox.send(a, Submit(prompt="hello there", params=GREEDY, request_id="x"))
     pump(lambda: a.finished("x") is not None)

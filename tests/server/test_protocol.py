@@ -11,7 +11,7 @@ from engine.events import types as event_types
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
 from engine.protocol import (
-    Abort, Accepted, Error, Finished, Hello, Ok, Output, Ping, Pong, ProtocolError,
+    Abort, AbortAll, Accepted, Error, Finished, Hello, Ok, Output, Ping, Pong, ProtocolError,
     ResetPrefixCache, Restart, Snapshot, Step, Steps, StepsSince, Submit, TakeSnapshot,
     decode_message, encode, parse_op,
 )
@@ -156,6 +156,7 @@ OP_CASES = [
      {"type": "submit", "messages": [{"role": "user", "content": "hi"}],
       "params": SamplingParams().to_dict()}),
     (Abort("a"), {"type": "abort", "request_id": "a"}),
+    (AbortAll(), {"type": "abort_all"}),
     (TakeSnapshot(), {"type": "snapshot"}),
     (StepsSince(4, "run-1"), {"type": "steps_since", "seq": 4, "run_id": "run-1"}),
     (StepsSince(-1), {"type": "steps_since", "seq": -1}),
@@ -183,7 +184,7 @@ def test_decoding_rejects_what_is_not_a_message():
 
 def test_outbox_bounds_steps_and_sends_replies_first():
     async def go():
-        box = Outbox(max_steps=2, max_replies=2)
+        box = Outbox(max_steps=2, max_bytes=6)
         assert box.put_step("s1") and box.put_step("s2")
         assert not box.put_step("s3") and box.dropped_steps == 1
         assert box.put_reply("r1")
@@ -191,7 +192,31 @@ def test_outbox_bounds_steps_and_sends_replies_first():
         box.put_step("s4")
         box.clear_steps()  # a snapshot supersedes queued steps
         assert box.num_steps == 0 and box.max_steps_seen == 2
-        assert box.put_reply("a") and box.put_reply("b") and not box.put_reply("c")
+        assert box.put_reply("aa") and box.put_reply("bb") and not box.put_reply("ccc")
+
+    asyncio.run(go())
+
+
+def test_outbox_counts_bytes_drops_steps_for_replies_and_keeps_one_snapshot():
+    async def go():
+        box = Outbox(max_steps=100, max_bytes=10)
+        assert box.put_step("s" * 4) and box.put_step("t" * 4) and box.num_bytes == 8
+        assert not box.put_step("u" * 4) and box.dropped_steps == 1  # bytes, not the count
+        # a reply that does not fit first drops the queued steps (droppable), then fits
+        assert box.put_reply("r" * 6) and box.num_steps == 0 and box.dropped_steps == 3
+        assert box.num_bytes == 6 and box.max_bytes_seen == 8
+        assert not box.put_reply("x" * 5)  # replies are never dropped: the client must go
+        assert await box.get() == "r" * 6 and box.num_bytes == 0
+        # snapshots: an unsent older one is superseded, other replies keep their order
+        assert box.put_reply("S1", snapshot=True) and box.put_reply("ok")
+        assert box.put_reply("S2", snapshot=True)
+        assert (box.num_snapshots, box.superseded_snapshots, box.num_bytes) == (1, 1, 4)
+        assert [await box.get() for _ in range(2)] == ["ok", "S2"]
+        # one frame bigger than the bound still goes out, alone
+        assert box.put_reply("B" * 50, snapshot=True) and not box.put_reply("a")
+        assert await box.get() == "B" * 50
+        box.close()
+        assert not box.put_reply("a") and not box.put_step("s") and box.num_bytes == 0
 
     asyncio.run(go())
 
@@ -215,7 +240,7 @@ class _FakeWs:
 def _hub_and_conn():
     mailbox = Mailbox(max_ops=16)
     hub = Hub(mailbox, ServerMetrics("tiny"), HubLimits())
-    conn = ClientConn(mailbox.new_sink_id(), _FakeWs(), Outbox(8, 64), hub.metrics)
+    conn = ClientConn(mailbox.new_sink_id(), _FakeWs(), Outbox(8, 1 << 20), hub.metrics)
     return hub, mailbox, conn
 
 

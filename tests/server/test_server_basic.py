@@ -79,6 +79,26 @@ def test_abort_restart_and_recording(make_server, db_path):
     assert [r["outputs"][0]["finish_reason"] for r in reqs] == ["abort", "abort"]
 
 
+def test_abort_all_ends_every_connections_requests(make_server):
+    server = make_server()
+    with KVScopeClient(server.url, timeout=20) as a, KVScopeClient(server.url, timeout=20) as b:
+        mine = [a.submit(f"a long one {i}", params={"temperature": 0, "max_tokens": 200})
+                for i in range(2)]
+        theirs = b.submit("b's request", params={"temperature": 0, "max_tokens": 200})
+        ok = b.abort_all()  # b stops a's requests too
+        assert ok.op == "abort_all" and ok.result == {"num_aborted": 3}
+        for c, rid in [(a, mine[0]), (a, mine[1]), (b, theirs)]:
+            assert list(c.stream(rid))[-1].outputs[0]["finish_reason"] == "abort"
+        assert a.abort_all().result == {"num_aborted": 0}  # nothing left: still ok
+        assert a.snapshot().state.summary().num_requests_running == 0
+        # the long-prefill cap is one of the options a restart may change
+        hello = b.restart({"long_prefill_token_threshold": 8})
+        assert hello.config["long_prefill_token_threshold"] == 8
+        with pytest.raises(ServerError) as err:
+            b.restart({"long_prefill_token_threshold": -1})
+        assert err.value.code == "bad_config"
+
+
 def test_healthz_loading_then_ready_and_websockets_refused_while_loading(make_server):
     gate = Gate()
     server = make_server(ready=False, engine_factory=gate)

@@ -108,7 +108,7 @@ def test_one_steps_since_at_a_time_per_connection():
     from engine.server.ws_connection import ClientConn
 
     hub = Hub(Mailbox(8), ServerMetrics("tiny"), HubLimits())
-    conn = ClientConn(1, None, Outbox(8, 64), hub.metrics)
+    conn = ClientConn(1, None, Outbox(8, 1 << 20), hub.metrics)
     hub.history.append("run-a", StepRecord(0, 1, 0.0))
 
     async def go():

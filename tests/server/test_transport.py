@@ -25,6 +25,9 @@ def test_websocket_and_http_share_the_port(make_server):
     (conn,) = server.hub.conns.values()
     sock = conn.ws.transport.get_extra_info("socket")  # uvicorn's transport reached the Hub
     assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) <= 2 * HubLimits().socket_send_buffer
+    # Nagle off, as websockets' own server had it: with it on, every small frame after the
+    # first waited for the client's delayed ACK (a watcher's snapshot answered 40 ms late)
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     ws.close()
 
 

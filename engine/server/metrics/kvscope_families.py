@@ -65,10 +65,17 @@ class KVScopeFamilies:
         self.errors = s.by(Counter, "kvscope_ws_errors", "Error messages sent, by code.", "code", ())
         self.outbox_max = s.one(Gauge, "kvscope_ws_outbox_max_step_messages",
                                 "Largest queue of unsent step messages over connected clients.")
+        self.outbox_max_bytes = s.one(Gauge, "kvscope_ws_outbox_max_bytes",
+                                      "Largest unsent bytes (replies and steps) over connected clients.")
+        self.slow_client_closes = s.one(Counter, "kvscope_ws_slow_client_closes",
+                                        "Connections closed (1008 slow_client) for leaving more than "
+                                        "the outbox bound unread.")
 
-    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int]) -> None:
+    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
+                  outbox_max_bytes: Callable[[], int] = lambda: 0) -> None:
         self.connections.set_function(connections)
         self.outbox_max.set_function(outbox_max)
+        self.outbox_max_bytes.set_function(outbox_max_bytes)
 
     def watch_config(self, config: Callable[[], dict[str, Any]]) -> None:
         self.num_blocks.set_function(lambda: config().get("num_blocks") or 0)

@@ -1,0 +1,72 @@
+"""The README's benchmark paragraph, generated from ``bench/results_cpu.json``.
+
+The figures in README.md sit between two markers and are rewritten from the JSON by
+``kvscope bench --update-readme`` (and after every full ``kvscope bench``), so they
+cannot drift from RESULTS.md: tests/bench/test_readme_block.py checks the README's
+block equals what this makes of the committed JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BEGIN = "<!-- bench-summary:begin (generated from bench/results_cpu.json by `kvscope bench --update-readme`) -->"
+END = "<!-- bench-summary:end -->"
+ROOT = Path(__file__).resolve().parent.parent
+JSON = ROOT / "bench" / "results_cpu.json"
+README = ROOT / "README.md"
+
+
+def _target(results: dict, prefix: str) -> float | None:
+    return next((t["value"] for t in results.get("targets", [])
+                 if t["target"].startswith(prefix)), None)
+
+
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}x"
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f}%"
+
+
+def render(results: dict) -> str:
+    """The paragraph, every figure from ``results`` (the JSON ``kvscope bench`` writes)."""
+    m, c = results["machine"], results["config"]
+    w = results["workloads"]
+    mixed, shared = w.get("mixed", {}), w.get("shared_prefix", {})
+    return (
+        f"On the {m['cores']}-core CPU box (`kvscope bench`, run of {m['date']}, "
+        f"{c['model']} float32, {m['torch_threads']} torch thread, same process for both "
+        "systems, greedy tokens identical): kvscope's throughput is "
+        f"{_x(_target(results, 'mixed: throughput'))} transformers' static batching on "
+        f"{mixed.get('num_requests', '?')} chat-like requests and "
+        f"{_x(_target(results, 'shared prefix: throughput'))} on "
+        f"{shared.get('num_requests', '?')} requests sharing a system prompt "
+        f"({_pct(_target(results, 'shared prefix: shared prompt'))} of it served from the "
+        "prefix cache); chunked prefill cuts the short requests' TTFT behind a long prompt "
+        f"to {_x(_target(results, 'long+short'))}; streaming + recording every event costs "
+        f"{_pct(_target(results, 'events:'))}.")
+
+
+def block(results: dict) -> str:
+    return f"{BEGIN}\n{render(results)}\n{END}"
+
+
+def readme_block(text: str) -> str | None:
+    """The generated block as it stands in ``text`` (None without both markers)."""
+    if BEGIN not in text or END not in text:
+        return None
+    return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END
+
+
+def update_readme(json_path: Path = JSON, readme: Path = README) -> bool:
+    """Rewrite the README's block from the JSON; True when the text changed."""
+    text = readme.read_text()
+    old = readme_block(text)
+    if old is None:
+        raise ValueError(f"{readme} has no {BEGIN!r} ... {END!r} block")
+    new = block(json.loads(Path(json_path).read_text()))
+    readme.write_text(text.replace(old, new))
+    return old != new

@@ -1,0 +1,361 @@
+"""Soak: ``kvscope serve`` under well-behaved and hostile clients at once (issue 17).
+
+    python -m bench.soak --minutes 10            # tiny random-weight Llama (fast steps)
+    python -m bench.soak --minutes 10 --model smollm2-135m
+
+Not a test: it runs for minutes and its figures depend on the box. It starts one
+server on 127.0.0.1 (a free port, its own SQLite file, ``--no-client-restart``), then
+
+1. a quiet baseline: the good clients alone (a fifth of the time, at least 30 s),
+   each sending greedy requests one after another, latency per request recorded;
+2. the mix: the same good clients, plus hostile ones in bounded loops: a reader
+   that never reads and asks for 100 snapshots and thousands of pings, malformed
+   and oversized frames, out-of-range parameters (issue 17's seeds and top_k, a dict
+   stop, odd chat roles, 900 KB prompts), floods of submits up to the in-flight cap
+   then a disconnect, restarts, and connection churn.
+
+It reports requests served, the server's RSS (start of the mix, peak, end), the good
+clients' p50/p99 latency quiet vs mixed, the recorder's backlog (peak, from
+/metrics), rows recorded against requests served (SQLite, after the server stops),
+the box's load average over the run, and whether the goals hold: RSS growth within
+100 MB, mixed p99 within 2x quiet, 100% of served requests recorded. Everything
+stops by itself at the deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+
+GREEDY = {"temperature": 0.0, "max_tokens": 16, "ignore_eos": True}
+RSS_GOAL_MB = 100
+P99_GOAL = 2.0
+
+
+@dataclass
+class Tally:
+    """What every client thread adds to (under one lock)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    accepted: set[str] = field(default_factory=set)  # every request id any client got accepted
+    good_latency: dict[str, list[float]] = field(default_factory=lambda: {"quiet": [], "mixed": []})
+    good_failures: list[str] = field(default_factory=list)
+    hostile_ops: int = 0
+    hostile_errors: dict[str, int] = field(default_factory=dict)
+    closes: int = 0
+
+    def error(self, code: str) -> None:
+        with self.lock:
+            self.hostile_errors[code] = self.hostile_errors.get(code, 0) + 1
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _metric(port: int, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def _p(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# ---- clients ---------------------------------------------------------------------------
+
+
+def good_client(url: str, tally: Tally, phase: list[str], stop: threading.Event, k: int) -> None:
+    from engine.client import KVScopeClient
+
+    i = 0
+    with KVScopeClient(url, timeout=120) as c:
+        while not stop.is_set():
+            i += 1
+            rid = f"good{k}-{i}"
+            t0 = time.monotonic()
+            try:
+                fin = c.generate(f"good client {k} asks question {i % 50}", params=GREEDY, request_id=rid)
+            except Exception as exc:  # counted, never fatal: the soak reports it
+                with tally.lock:
+                    tally.good_failures.append(f"{rid}: {exc}")
+                continue
+            dt = time.monotonic() - t0
+            with tally.lock:
+                tally.accepted.add(rid)
+                if fin.outputs[0]["finish_reason"] != "length":
+                    tally.good_failures.append(f"{rid}: {fin.outputs[0]['finish_reason']}")
+                tally.good_latency[phase[0]].append(dt)
+
+
+def _raw(url: str, rcvbuf: int | None = None):
+    from engine.client.connect import ws_connect
+
+    sock = None
+    if rcvbuf is not None:
+        u = urllib.parse.urlsplit(url)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.connect((u.hostname, u.port))
+    return ws_connect(url, sock=sock, compression=None, max_size=None, close_timeout=1,
+                      open_timeout=30, max_queue=1 if rcvbuf else 16)
+
+
+def _drain_codes(ws, tally: Tally, until_rid: str | None = None, timeout: float = 30.0) -> None:
+    """Read a connection's messages, counting error codes, until ``until_rid`` is answered."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            m = json.loads(ws.recv(timeout=max(0.05, deadline - time.monotonic())))
+        except TimeoutError:
+            return
+        if m["type"] == "error":
+            tally.error(m["code"])
+        elif m["type"] == "accepted":
+            with tally.lock:
+                tally.accepted.add(m["request_id"])
+        if until_rid is not None and m.get("request_id") == until_rid and m["type"] in ("error", "finished"):
+            return
+
+
+def stalled_reader(url: str, tally: Tally, stop: threading.Event) -> None:
+    """Never reads; asks for 100 snapshots and floods pings until the server closes it."""
+    while not stop.is_set():
+        try:
+            ws = _raw(url, rcvbuf=4096)
+            for _ in range(100):
+                ws.send('{"type":"snapshot"}')
+            for _ in range(20_000):
+                if stop.is_set():
+                    break
+                ws.send('{"type":"ping"}')
+            with tally.lock:
+                tally.hostile_ops += 20_100
+            stop.wait(5)
+            ws.close()
+        except Exception:  # closed by the server (slow_client): what it is for
+            with tally.lock:
+                tally.closes += 1
+            stop.wait(1)
+
+
+BAD_FRAMES = [
+    "not json", "[" * 50_000 + "]" * 50_000, '{"type":"frobnicate"}', "[1,2]",
+    '{"type":"submit","prompt":"hi","params":{"temperature":1,"seed":18446744073709551616,"max_tokens":4}}',
+    json.dumps({"type": "submit", "prompt": "hi", "params": {"temperature": 1, "top_k": 2**63}}),
+    json.dumps({"type": "submit", "prompt": "hi", "params": {"stop": {"a": 1}}}),
+    json.dumps({"type": "submit", "messages": [{"role": "robot", "content": "x"}]}),
+    json.dumps({"type": "submit", "prompt": "x" * 900_000}),
+    json.dumps({"type": "submit", "prompt": [1, 10**9]}),
+    json.dumps({"type": "restart", "engine": {"num_kv_blocks": None}}),
+    json.dumps({"type": "abort", "request_id": "not-mine"}),
+    json.dumps({"type": "submit", "prompt": "hi", "request_id": "x\ud800"}),
+]
+
+
+def bad_framer(url: str, tally: Tally, stop: threading.Event) -> None:
+    """Every malformed or out-of-range frame, in turn, reading each answer."""
+    i = 0
+    while not stop.is_set():
+        try:
+            with _raw(url) as ws:
+                for _ in range(50):
+                    if stop.is_set():
+                        break
+                    ws.send(BAD_FRAMES[i % len(BAD_FRAMES)])
+                    i += 1
+                    _drain_codes(ws, tally, timeout=0.5)
+                    with tally.lock:
+                        tally.hostile_ops += 1
+        except Exception:
+            stop.wait(1)
+
+
+def flooder(url: str, tally: Tally, stop: threading.Event, k: int) -> None:
+    """Submits up to (and past) the in-flight cap, then vanishes: its requests are aborted."""
+    n = 0
+    while not stop.is_set():
+        try:
+            ws = _raw(url)
+            for j in range(80):
+                n += 1
+                ws.send(json.dumps({"type": "submit", "prompt": f"flood {k} {j} " * 8,
+                                    "params": {"temperature": 0.8, "max_tokens": 32, "seed": n},
+                                    "request_id": f"flood{k}-{n}"}))
+            _drain_codes(ws, tally, timeout=0.5)
+            with tally.lock:
+                tally.hostile_ops += 80
+            ws.close()
+        except Exception:
+            pass
+        stop.wait(3)
+
+
+def churner(url: str, tally: Tally, stop: threading.Event) -> None:
+    """Connects, reads hello and snapshot, leaves; over and over."""
+    while not stop.is_set():
+        try:
+            with _raw(url) as ws:
+                ws.recv(timeout=10)
+                ws.recv(timeout=10)
+        except Exception:
+            pass
+        with tally.lock:
+            tally.hostile_ops += 1
+        stop.wait(0.2)
+
+
+# ---- the run -----------------------------------------------------------------------------
+
+
+def _start_server(model: str, db: str, extra: list[str]) -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", model, "--port", "0", "--db", db,
+           "--label", "soak", "--no-client-restart", *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    m = re.search(r"ws://127\.0\.0\.1:(\d+)", line)
+    if not m:
+        proc.kill()
+        raise RuntimeError(f"the server did not start: {line!r}")
+    port = int(m.group(1))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                if json.loads(r.read())["status"] == "ready":
+                    return proc, port
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the server did not become ready")
+
+
+def run(minutes: float, model: str, good: int, extra: list[str]) -> dict:
+    tmp = tempfile.mkdtemp(prefix="kvscope-soak-")
+    db = os.path.join(tmp, "runs.sqlite")
+    proc, port = _start_server(model, db, extra)
+    url = f"ws://127.0.0.1:{port}"
+    tally, phase, stop = Tally(), ["quiet"], threading.Event()
+    total = minutes * 60
+    quiet_s = max(30.0, total / 5)
+    loads, rss, backlog = [], [], []
+    goods = [threading.Thread(target=good_client, args=(url, tally, phase, stop, k), daemon=True)
+             for k in range(good)]
+    for t in goods:
+        t.start()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < quiet_s:
+        time.sleep(1)
+        loads.append(os.getloadavg()[0])
+    rss_start = _rss_mb(proc.pid)
+    phase[0] = "mixed"
+    hostile = [threading.Thread(target=stalled_reader, args=(url, tally, stop), daemon=True),
+               threading.Thread(target=bad_framer, args=(url, tally, stop), daemon=True),
+               threading.Thread(target=flooder, args=(url, tally, stop, 0), daemon=True),
+               threading.Thread(target=flooder, args=(url, tally, stop, 1), daemon=True),
+               threading.Thread(target=churner, args=(url, tally, stop), daemon=True)]
+    for t in hostile:
+        t.start()
+    while time.monotonic() - t0 < total:
+        time.sleep(5)
+        loads.append(os.getloadavg()[0])
+        rss.append(_rss_mb(proc.pid))
+        b = _metric(port, "kvscope_recorder_backlog_steps")
+        if b is not None:
+            backlog.append(b)
+    stop.set()
+    for t in goods + hostile:
+        t.join(60)
+    time.sleep(2)  # the last finished requests reach the recorder
+    rss_end = _rss_mb(proc.pid)
+    closes = _metric(port, "kvscope_ws_slow_client_closes_total")
+    proc.terminate()
+    proc.wait(60)
+    with sqlite3.connect(db) as conn:
+        recorded = {r[0] for r in conn.execute("select request_id from requests")}
+        finish = dict(conn.execute("select request_id, outputs from requests"))
+    good_ids = {r for r in tally.accepted if r.startswith("good")}
+    good_ok = sum(1 for r in good_ids if r in finish and '"length"' in finish[r])
+    q, mx = tally.good_latency["quiet"], tally.good_latency["mixed"]
+    served = len(tally.accepted)
+    res = {
+        "model": model, "minutes": minutes, "quiet_s": quiet_s, "good_clients": good,
+        "requests_served": served, "good_requests": {"quiet": len(q), "mixed": len(mx)},
+        "good_failures": tally.good_failures[:10], "num_good_failures": len(tally.good_failures),
+        "hostile_ops": tally.hostile_ops, "hostile_errors": tally.hostile_errors,
+        "slow_client_closes": closes,
+        # RSS every 5 s of the mix; "after 1 min": from the first minute's end (torch's
+        # allocator grows once to the mix's larger batches), the flatness that matters
+        "rss_mb": {"mix_start": round(rss_start, 1), "peak": round(max(rss or [rss_start]), 1),
+                   "end": round(rss_end, 1), "growth": round(rss_end - rss_start, 1),
+                   "after_1min": round(rss[11], 1) if len(rss) > 12 else None,
+                   "growth_after_1min": round(rss_end - rss[11], 1) if len(rss) > 12 else None,
+                   "series": [round(r) for r in rss[::6]]},
+        "latency_s": {"quiet_p50": _p(q, 0.5), "quiet_p99": _p(q, 0.99),
+                      "mixed_p50": _p(mx, 0.5), "mixed_p99": _p(mx, 0.99)},
+        "recorder_backlog_steps": {"peak": max(backlog, default=None),
+                                   "mean": statistics.mean(backlog) if backlog else None},
+        "rows_recorded": len(recorded & tally.accepted), "good_rows_finished_length": good_ok,
+        "load_avg_1m": {"mean": round(statistics.mean(loads), 2), "max": round(max(loads), 2)},
+    }
+    p99q, p99m = res["latency_s"]["quiet_p99"], res["latency_s"]["mixed_p99"]
+    res["goals"] = {
+        "rss_flat_within_100mb": res["rss_mb"]["peak"] - rss_start <= RSS_GOAL_MB,
+        "p99_within_2x_quiet": bool(p99q and p99m and p99m <= P99_GOAL * p99q),
+        "all_served_recorded": res["rows_recorded"] == served,
+    }
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--model", default="tiny", help="'tiny' (a random-weight Llama) or any kvscope model")
+    p.add_argument("--good-clients", type=int, default=2)
+    p.add_argument("--json", default=None, help="also write the figures here")
+    args, extra = p.parse_known_args(argv)
+    model = args.model
+    if model == "tiny":
+        from tests.tiny_models import tiny_model_dir
+
+        model = str(tiny_model_dir("llama"))
+        extra = ["--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "256", *extra]
+    res = run(args.minutes, model, args.good_clients, extra)
+    text = json.dumps(res, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0 if all(res["goals"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""PromptPrep: a submit's prompt checked and tokenized before the engine thread sees it.
+
+Tokenizing is the one per-request cost that grows with what a client sends (a 1 MB
+prompt takes ~2 s on the tiny tokenizer, ~0.7 s on SmolLM2's), and on the engine
+thread it stalls every other client's steps. As in vLLM, where the API server
+process tokenizes and the engine core gets token ids, the websocket front door runs
+``prepare`` in a worker thread (``Hub``) and posts a ``Prepared`` command; the
+engine thread only enters it. (HF fast tokenizers release the GIL while encoding,
+so the worker does not stall the engine thread either.)
+
+``prepare`` refuses, in this order and without tokenizing anything it refuses:
+- a prompt longer in bytes than any prompt that can fit (``prompt_too_large``):
+  every token covers at most ``max_token_bytes`` bytes of text (the longest token
+  the vocabulary decodes to), so a text of more than ``max_model_len *
+  max_token_bytes`` bytes has at least ``max_model_len`` tokens. Sound for
+  tokenizers that do not normalize text (byte-level BPE: Llama 3, Qwen2, SmolLM2);
+  a normalizer may shrink text, so with one the bound is taken 4x looser, and a
+  normalizer that deletes characters can still make it pass a prompt that then
+  fails the token count (never the reverse);
+- chat roles other than system, user and assistant, plus tool where the model's
+  chat template mentions it (``bad_request``);
+- token ids outside the vocabulary (``bad_request``);
+- more tokens than ``max_model_len`` leaves room for (``prompt_too_long``).
+
+One PromptPrep per engine (its limits change with a restart). Its tokenizer is a
+copy of the engine's, so the worker never shares a tokenizer object with the
+engine thread's detokenizer. Writer: none after construction (read-only).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.protocol.ops import Submit
+from engine.server.mailbox import Prepared
+
+CHAT_ROLES = ("system", "user", "assistant")
+NORMALIZER_SLACK = 4  # a normalizer may shrink text; how much looser the byte bound is then
+
+
+class PromptPrep:
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int,
+                 max_token_bytes: int | None = None, source: Any = None) -> None:
+        self.tokenizer = tokenizer
+        self.source = source  # the engine's tokenizer this one copies (reused by a restart)
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.max_token_bytes = max_token_bytes or longest_token_bytes(tokenizer)
+        template = getattr(tokenizer, "chat_template", None) or ""
+        self.roles = CHAT_ROLES + (("tool",) if "tool" in template else ())
+
+    @classmethod
+    def of(cls, engine: Any, previous: PromptPrep | None = None) -> PromptPrep:
+        """The prep for ``engine`` (on the engine thread); a restart reuses the previous
+        one's tokenizer copy and byte figure when the tokenizer is the same."""
+        max_len, source = engine.scheduler_config.max_model_len, engine.tokenizer
+        if previous is not None and previous.source is source:
+            return cls(previous.tokenizer, previous.vocab_size, max_len, previous.max_token_bytes, source)
+        return cls(copy.deepcopy(source), engine.spec.vocab_size, max_len, source=source)
+
+    @property
+    def max_prompt_bytes(self) -> int:
+        slack = NORMALIZER_SLACK if _normalizer(self.tokenizer) is not None else 1
+        return self.max_model_len * self.max_token_bytes * slack
+
+    def prepare(self, op: Submit) -> Prepared:
+        """Check and tokenize ``op``'s prompt; raises ProtocolError with the request id."""
+        rid = op.request_id
+
+        def refuse(code: str, message: str) -> ProtocolError:
+            return ProtocolError(code, message, rid, op.type)
+
+        limit = self.max_prompt_bytes
+        if op.messages is not None:
+            for m in op.messages:
+                if m["role"] not in self.roles:
+                    raise refuse(ErrorCode.BAD_REQUEST, f"chat role {m['role']!r} is not one of "
+                                 f"{list(self.roles)}")
+            size = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in op.messages)
+        elif isinstance(op.prompt, str):
+            size = len(op.prompt.encode("utf-8", "surrogatepass"))
+        else:
+            size = 0
+        if size > limit:
+            raise refuse(ErrorCode.PROMPT_TOO_LARGE, f"the prompt has {size} bytes; no prompt of more "
+                         f"than {limit} bytes fits in max_model_len={self.max_model_len} (a token "
+                         f"covers at most {self.max_token_bytes} bytes)")
+        try:
+            text, ids = self._tokenize(op)
+        except ProtocolError:
+            raise
+        except Exception as exc:  # a template or tokenizer that rejects this input
+            raise refuse(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}") from None
+        if len(ids) >= self.max_model_len:
+            raise refuse(ErrorCode.PROMPT_TOO_LONG, f"the prompt has {len(ids)} tokens, "
+                         f"{len(ids) - self.max_model_len + 1} more than fit: max_model_len is "
+                         f"{self.max_model_len} and room is needed for at least one generated "
+                         f"token; shorten the prompt or raise max_model_len")
+        return Prepared(op, text, ids)
+
+    def _tokenize(self, op: Submit) -> tuple[str | None, list[int]]:
+        tok = self.tokenizer
+        if op.messages is not None:
+            text = tok.apply_chat_template(op.messages, tokenize=False, add_generation_prompt=True)
+            return text, tok.encode(text, add_special_tokens=False)
+        if isinstance(op.prompt, str):
+            return op.prompt, tok.encode(op.prompt)
+        bad = [t for t in op.prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"token ids out of the vocabulary "
+                                f"(0..{self.vocab_size - 1}): {bad[:5]}", op.request_id, op.type)
+        return None, list(op.prompt)
+
+
+def longest_token_bytes(tokenizer: Any) -> int:
+    """The most UTF-8 bytes any one token decodes to (SmolLM2: 81, a run of spaces)."""
+    n = len(tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:  # one Rust call for the whole vocabulary (~0.1 s for 49k)
+        texts = backend.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
+    else:
+        texts = [tokenizer.decode([i]) for i in range(n)]
+    return max(1, max(len(t.encode("utf-8", "surrogatepass")) for t in texts))
+
+
+def _normalizer(tokenizer: Any) -> Any:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend.normalizer if backend is not None else object()  # unknown: assume one

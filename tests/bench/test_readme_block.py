@@ -1,0 +1,28 @@
+"""README's benchmark paragraph is what bench/readme_block.py makes of bench/results_cpu.json."""
+
+import json
+
+from bench.readme_block import BEGIN, END, JSON, README, block, readme_block, update_readme
+
+
+def test_readme_quotes_the_committed_results_exactly():
+    results = json.loads(JSON.read_text())
+    assert readme_block(README.read_text()) == block(results)
+    text = block(results)
+    for t in results["targets"]:  # every headline figure comes from the JSON
+        v = t["value"]
+        shown = f"{100 * v:.1f}%" if ("loss" in t["target"] or "cache" in t["target"]) else f"{v:.2f}x"
+        assert shown in text, (t["target"], shown)
+
+
+def test_update_rewrites_only_the_block(tmp_path):
+    results = json.loads(JSON.read_text())
+    results["targets"][0]["value"] = 9.99
+    j = tmp_path / "r.json"
+    j.write_text(json.dumps(results))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"head\n{BEGIN}\nstale 3.8x\n{END}\ntail\n")
+    assert update_readme(j, readme) is True
+    out = readme.read_text()
+    assert out.startswith("head\n") and out.endswith("\ntail\n") and "9.99x" in out
+    assert "stale" not in out and update_readme(j, readme) is False
