@@ -26,7 +26,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
     g.add_argument("--device", default="auto")
-    g.add_argument("--dtype", default="auto")
+    g.add_argument("--dtype", default="auto",
+                   help="auto, float32, bfloat16 (on the CPU: bf16 weights, float32 compute), float16")
+    g.add_argument("--quantization", default=None, choices=["int8"],
+                   help="int8: weight-only int8 linears with float32 compute (CPU; not the default)")
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--seed", type=int, default=0)
 
@@ -34,7 +37,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     keys = ("model", "block_size", "num_kv_blocks", "kv_cache_memory", "gpu_memory_utilization",
             "max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
-            "enable_chunked_prefill", "device", "dtype", "attention_backend", "seed")
+            "enable_chunked_prefill", "device", "dtype", "quantization", "attention_backend", "seed")
     return {k: getattr(args, k) for k in keys}
 
 

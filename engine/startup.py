@@ -116,8 +116,10 @@ def build_engine_parts(cfg: EngineConfig, loaded: LoadedModel | None = None) -> 
     if device.type == "cpu":
         configure_cpu_threads()
     if loaded is None:
+        if cfg.quantization is not None and device.type != "cpu":
+            raise ConfigError(f"quantization={cfg.quantization!r} is a CPU feature; on CUDA use dtype")
         loaded = load_model(cfg.model, dtype=cfg.dtype, device=device,
-                            trust_remote_code=cfg.trust_remote_code)
+                            trust_remote_code=cfg.trust_remote_code, quantization=cfg.quantization)
     spec = loaded.spec
     max_len = cfg.max_model_len or min(spec.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
     if max_len > spec.max_position_embeddings:
