@@ -22,7 +22,7 @@ def add_bench_subcommands(sub) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=512,
                    help="kvscope KV pool in blocks of 16 tokens (512 = 8192 slots, 360 MiB for SmolLM2)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: the engine's choice, 1 on <= 2 cores)")
+                   help="torch threads (default: the engine's choice, every usable core; engine/cpu_threads.py)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip transformers (kvscope figures only)")
     p.add_argument("--no-events-cost", dest="events_cost", action="store_false")

@@ -127,7 +127,8 @@ def render_markdown(results: dict) -> str:
                        f"{show(t['value_cpu_time']) if cpu else ''} | {yes[t['met_cpu_time']] if cpu else ''} |")
         out += ["", "Throughput ratios are given twice: from wall-clock time (the target's definition) and "
                 "from the CPU seconds each system used, which other jobs' load on this shared box does not "
-                "stretch (one torch thread: all model work is on the calling thread).", ""]
+                "stretch much (all threads of the process; an OpenMP thread waiting at a barrier sleeps under "
+                "the PASSIVE wait policy instead of spinning, so waiting is not counted as work).", ""]
     if results.get("roofline"):
         out += roofline_section(results["roofline"])
     for name, entry in results["workloads"].items():

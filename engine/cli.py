@@ -31,13 +31,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quantization", default=None, choices=["int8"],
                    help="int8: weight-only int8 linears with float32 compute (CPU; not the default)")
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    g.add_argument("--num-threads", type=int, default=None,
+                   help="CPU torch threads (default: every usable core; serve: see engine/cpu_threads.py)")
     g.add_argument("--seed", type=int, default=0)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     keys = ("model", "block_size", "num_kv_blocks", "kv_cache_memory", "gpu_memory_utilization",
             "max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
-            "enable_chunked_prefill", "device", "dtype", "quantization", "attention_backend", "seed")
+            "enable_chunked_prefill", "device", "dtype", "quantization", "attention_backend", "seed",
+            "num_threads")
     return {k: getattr(args, k) for k in keys}
 
 

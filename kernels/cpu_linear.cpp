@@ -26,7 +26,7 @@
 namespace {
 
 constexpr int64_t kGroup = 32;  // int8 weights per scale
-constexpr int64_t kRowBlock = 4;  // input rows that share one pass over a weight row
+constexpr int64_t kRowBlock = 8;  // input rows that share one pass over a weight row
 
 inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
@@ -41,30 +41,29 @@ inline float bf16_to_float(uint16_t v) {
 inline void int8_row(const float* x, int64_t ldx, int64_t mb, const int8_t* w, const float* s,
                      int64_t K, float* acc) {
 #if defined(__AVX512F__)
-  __m512 a[kRowBlock];
-  for (int64_t m = 0; m < mb; ++m) a[m] = _mm512_setzero_ps();
+  // two accumulators per row: the two halves of a group are independent FMA chains
+  __m512 a[kRowBlock], b[kRowBlock];
+  for (int64_t m = 0; m < mb; ++m) a[m] = b[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < K / kGroup; ++g) {
     const int8_t* wg = w + g * kGroup;
-    __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)wg)));
-    __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wg + 16))));
+    // the dequantized weights q * scale (the same float32 numbers as dequantize_int8),
+    // built once per group and used by every row of x
     __m512 sg = _mm512_set1_ps(s[g]);
+    __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)wg))), sg);
+    __m512 w1 = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wg + 16)))), sg);
     for (int64_t m = 0; m < mb; ++m) {
       const float* xg = x + m * ldx + g * kGroup;
-      __m512 t = _mm512_mul_ps(_mm512_loadu_ps(xg), w0);
-      t = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), w1, t);
-      a[m] = _mm512_fmadd_ps(t, sg, a[m]);
+      a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xg), w0, a[m]);
+      b[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), w1, b[m]);
     }
   }
-  for (int64_t m = 0; m < mb; ++m) acc[m] = _mm512_reduce_add_ps(a[m]);
+  for (int64_t m = 0; m < mb; ++m) acc[m] = _mm512_reduce_add_ps(_mm512_add_ps(a[m], b[m]));
 #else
   for (int64_t m = 0; m < mb; ++m) {
     const float* xr = x + m * ldx;
     float total = 0.f;
-    for (int64_t g = 0; g < K / kGroup; ++g) {
-      float t = 0.f;
-      for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) t += xr[k] * static_cast<float>(w[k]);
-      total += t * s[g];
-    }
+    for (int64_t k = 0; k < K; ++k) total += xr[k] * (static_cast<float>(w[k]) * s[k / kGroup]);
     acc[m] = total;
   }
 #endif
@@ -74,16 +73,26 @@ inline void int8_row(const float* x, int64_t ldx, int64_t mb, const int8_t* w, c
 
 inline void bf16_row(const float* x, int64_t ldx, int64_t mb, const uint16_t* w, int64_t K, float* acc) {
 #if defined(__AVX512F__)
-  __m512 a[kRowBlock];
-  for (int64_t m = 0; m < mb; ++m) a[m] = _mm512_setzero_ps();
+  __m512 a[kRowBlock], b[kRowBlock];  // two independent FMA chains per row
+  for (int64_t m = 0; m < mb; ++m) a[m] = b[m] = _mm512_setzero_ps();
   int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512 w0 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k))), 16));
+    __m512 w1 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k + 16))), 16));
+    for (int64_t m = 0; m < mb; ++m) {
+      a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + k), w0, a[m]);
+      b[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + k + 16), w1, b[m]);
+    }
+  }
   for (; k + 16 <= K; k += 16) {
-    __m512i wi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k)));
-    __m512 wf = _mm512_castsi512_ps(_mm512_slli_epi32(wi, 16));
+    __m512 wf = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k))), 16));
     for (int64_t m = 0; m < mb; ++m) a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + k), wf, a[m]);
   }
   for (int64_t m = 0; m < mb; ++m) {
-    float total = _mm512_reduce_add_ps(a[m]);
+    float total = _mm512_reduce_add_ps(_mm512_add_ps(a[m], b[m]));
     for (int64_t j = k; j < K; ++j) total += x[m * ldx + j] * bf16_to_float(w[j]);
     acc[m] = total;
   }

@@ -74,7 +74,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.verbose:  # websockets logs every connection and HTTP response at INFO
         logging.getLogger("websockets").setLevel(logging.WARNING)
     try:
-        cfg = EngineConfig(**engine_kwargs(args), max_waiting=args.max_queue)
+        kw = engine_kwargs(args)
+        if kw["num_threads"] is None:  # the serving default (it shares the box with the dashboard)
+            from engine.cpu_threads import thread_count
+
+            kw["num_threads"] = thread_count(serving=True)
+        cfg = EngineConfig(**kw, max_waiting=args.max_queue)
         opts = ServerOptions(cfg, host=args.host, port=args.port, db=args.db, record=args.record,
                              label=args.label, allow_remote=args.allow_remote,
                              token=os.environ.get(TOKEN_ENV) or None,

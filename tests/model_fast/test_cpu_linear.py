@@ -46,7 +46,7 @@ def test_int8_error_is_at_most_half_a_step():
         C.quantize_int8(torch.zeros(2, 40))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, C.KERNEL_MAX_ROWS, C.KERNEL_MAX_ROWS + 1, 70])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 9, C.INT8_KERNEL_MAX_ROWS, C.INT8_KERNEL_MAX_ROWS + 1, 70])
 @pytest.mark.parametrize("bias", [False, True])
 def test_int8_linear_matches_its_dequantized_weight(ext, rows, bias):
     w8 = C.Int8Weight.from_float(_weight(200, 160))
@@ -55,8 +55,8 @@ def test_int8_linear_matches_its_dequantized_weight(ext, rows, bias):
     torch.testing.assert_close(w8.linear(x, b), F.linear(x, w8.dequantize(), b), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 7, C.KERNEL_MAX_ROWS + 3])
-@pytest.mark.parametrize("k", [64, 72])  # 72: the kernel's tail past the last 16 columns
+@pytest.mark.parametrize("rows", [1, 4, 9, C.BF16_KERNEL_MAX_ROWS + 3])
+@pytest.mark.parametrize("k", [64, 80, 72])  # 80, 72: the kernel's 16-column step and scalar tail
 def test_bf16_linear_matches_its_widened_weight(ext, rows, k):
     wb = C.BF16Weight.from_float(_weight(50, k, seed=2))
     x = torch.randn(rows, k)
