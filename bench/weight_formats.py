@@ -58,7 +58,7 @@ def _prompt_logits(loaded, prompts) -> list:
     return rows
 
 
-def run(formats: list[str], quick: bool) -> dict:
+def run(formats: list[str], quick: bool, speed: bool = True) -> dict:
     from bench import workloads as W
     from bench.measure import compare_tokens, loadavg
     from bench.roofline import FULL_ROOFLINE, QUICK_ROOFLINE, run_roofline
@@ -74,8 +74,9 @@ def run(formats: list[str], quick: bool) -> dict:
         engine = make_engine(loaded, MODEL, 16, 512)
         tokens = run_kvscope(engine, wl).token_ids
         del engine
-        roof = run_roofline(loaded, MODEL, QUICK_ROOFLINE if quick else FULL_ROOFLINE)
-        entry = {"roofline": roof, "loadavg": [load0, loadavg()]}
+        entry = {"loadavg": [load0, loadavg()]}
+        if speed:
+            entry["roofline"] = run_roofline(loaded, MODEL, QUICK_ROOFLINE if quick else FULL_ROOFLINE)
         if ref_logits is None:
             ref_logits, ref_tokens = logits, tokens
         else:
@@ -100,6 +101,8 @@ def render(res: dict) -> str:
              "max logit error (share of range) | top-1 = float32 |",
              "|---|---|---|---|---|---|---|---|---|"]
     for fmt, e in res["formats"].items():
+        if "roofline" not in e:
+            continue
         u, m = e["roofline"]["units"], e["roofline"]["model"]
         acc = e.get("accuracy")
         g = acc["greedy"] if acc else None
@@ -118,12 +121,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--formats", default="float32,bfloat16,int8")
     p.add_argument("--quick", action="store_true", help="fewer timed steps per roofline unit")
+    p.add_argument("--no-speed", dest="speed", action="store_false", help="accuracy only")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if formats[0] != "float32":
         p.error("the first format is the reference and must be float32")
-    res = run(formats, args.quick)
+    res = run(formats, args.quick, args.speed)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1, default=str)

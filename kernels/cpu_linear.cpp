@@ -1,6 +1,6 @@
 // Weight-only reduced-precision linears for the CPU: y = x W^T (+ b), x and y float32,
-// W stored as int8 with one float32 scale per group of 32 weights along K, or as
-// bfloat16. Weights are widened to float32 in registers and every product and sum is
+// W stored as int8 with a float32 scale and offset per group of 32 weights along K
+// (w = q * scale + offset), or as bfloat16. Weights are widened to float32 in registers and every product and sum is
 // float32 ("fp32 compute"); what shrinks is the bytes read per weight (1.125 or 2
 // instead of 4), which is what bounds a small-batch decode step.
 //
@@ -11,7 +11,9 @@
 //                 (MKL / oneDNN) on a dequantized copy is faster than this loop.
 //
 // Built at first use by kernels/cpu_linear.py (torch.utils.cpp_extension, -O3
-// -march=native). AVX-512F paths, with a portable scalar fallback for other CPUs.
+// -march=native -ffp-contract=off: q * scale + offset is a multiply then an add, the
+// same two roundings as torch's dequantization). AVX-512F paths, with a portable
+// scalar fallback for other CPUs.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -39,19 +41,21 @@ inline float bf16_to_float(uint16_t v) {
 
 // out[m, n] for rows m0..m0+mb-1 and one weight row n.
 inline void int8_row(const float* x, int64_t ldx, int64_t mb, const int8_t* w, const float* s,
-                     int64_t K, float* acc) {
+                     const float* z, int64_t K, float* acc) {
 #if defined(__AVX512F__)
   // two accumulators per row: the two halves of a group are independent FMA chains
   __m512 a[kRowBlock], b[kRowBlock];
   for (int64_t m = 0; m < mb; ++m) a[m] = b[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < K / kGroup; ++g) {
     const int8_t* wg = w + g * kGroup;
-    // the dequantized weights q * scale (the same float32 numbers as dequantize_int8),
-    // built once per group and used by every row of x
-    __m512 sg = _mm512_set1_ps(s[g]);
-    __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)wg))), sg);
-    __m512 w1 = _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wg + 16)))), sg);
+    // the dequantized weights q * scale + offset (the same float32 numbers as
+    // dequantize_int8), built once per group and used by every row of x
+    __m512 sg = _mm512_set1_ps(s[g]), zg = _mm512_set1_ps(z[g]);
+    __m512 w0 = _mm512_add_ps(
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)wg))), sg), zg);
+    __m512 w1 = _mm512_add_ps(
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wg + 16)))), sg),
+        zg);
     for (int64_t m = 0; m < mb; ++m) {
       const float* xg = x + m * ldx + g * kGroup;
       a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xg), w0, a[m]);
@@ -63,7 +67,8 @@ inline void int8_row(const float* x, int64_t ldx, int64_t mb, const int8_t* w, c
   for (int64_t m = 0; m < mb; ++m) {
     const float* xr = x + m * ldx;
     float total = 0.f;
-    for (int64_t k = 0; k < K; ++k) total += xr[k] * (static_cast<float>(w[k]) * s[k / kGroup]);
+    for (int64_t k = 0; k < K; ++k)
+      total += xr[k] * (static_cast<float>(w[k]) * s[k / kGroup] + z[k / kGroup]);
     acc[m] = total;
   }
 #endif
@@ -142,21 +147,26 @@ torch::Tensor run_rows(const torch::Tensor& x, int64_t N, const c10::optional<to
 
 }  // namespace
 
-torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales,
+void check_groups(const torch::Tensor& t, int64_t N, int64_t K, const char* name) {
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.numel() == N * (K / kGroup),
+              name, " must be a contiguous float32 [N, K / 32] tensor");
+}
+
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, torch::Tensor offsets,
                           c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kInt8 && w.is_contiguous(),
               "w must be a contiguous int8 [N, K] tensor");
   const int64_t N = w.size(0), K = w.size(1);
   TORCH_CHECK(K % kGroup == 0, "int8 weights need K divisible by ", kGroup, ", got ", K);
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
-                  scales.numel() == N * (K / kGroup),
-              "scales must be a contiguous float32 [N, K / 32] tensor");
+  check_groups(scales, N, K, "scales");
+  check_groups(offsets, N, K, "offsets");
   check_x(x, K);
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
+  const float* zp = offsets.data_ptr<float>();
   const int64_t groups = K / kGroup;
   return run_rows(x, N, bias, [&](const float* xr, int64_t ldx, int64_t mb, int64_t n, float* acc) {
-    int8_row(xr, ldx, mb, wp + n * K, sp + n * groups, K, acc);
+    int8_row(xr, ldx, mb, wp + n * K, sp + n * groups, zp + n * groups, K, acc);
   });
 }
 
@@ -171,24 +181,27 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   });
 }
 
-// out = w * scale per group, as float32 [N, K] (written into ``out``, reused by the caller)
-void int8_dequantize(torch::Tensor w, torch::Tensor scales, torch::Tensor out) {
+// out = w * scale + offset per group, as float32 [N, K] (into ``out``, reused by the caller)
+void int8_dequantize(torch::Tensor w, torch::Tensor scales, torch::Tensor offsets, torch::Tensor out) {
   const int64_t N = w.size(0), K = w.size(1), groups = K / kGroup;
+  check_groups(scales, N, K, "scales");
+  check_groups(offsets, N, K, "offsets");
   TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.size(0) == N &&
                   out.size(1) == K, "out must be a contiguous float32 [N, K] tensor");
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
+  const float* zp = offsets.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, N * groups, 256, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
-      const float s = sp[g];
-      for (int64_t k = 0; k < kGroup; ++k) op[g * kGroup + k] = static_cast<float>(wp[g * kGroup + k]) * s;
+      const float s = sp[g], z = zp[g];
+      for (int64_t k = 0; k < kGroup; ++k) op[g * kGroup + k] = static_cast<float>(wp[g * kGroup + k]) * s + z;
     }
   });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_linear", &int8_linear, "x [M,K] f32 @ (int8 [N,K] * scales [N,K/32])^T (+ bias)");
+  m.def("int8_linear", &int8_linear, "x [M,K] f32 @ (int8 [N,K] * scales + offsets [N,K/32])^T (+ bias)");
   m.def("bf16_linear", &bf16_linear, "x [M,K] f32 @ (bf16 [N,K])^T (+ bias), f32 compute");
-  m.def("int8_dequantize", &int8_dequantize, "int8 [N,K] * scales -> f32 [N,K] into out");
+  m.def("int8_dequantize", &int8_dequantize, "int8 [N,K] * scales + offsets -> f32 [N,K] into out");
 }

@@ -4,17 +4,24 @@ never the default.
 
 Why: a batch-1 decode step reads every weight once and does two FLOPs with it, so its
 speed is the memory bandwidth over the weight bytes. Stored as int8 (1 byte + a float32
-scale per 32 weights: 1.125 bytes) or bf16 (2 bytes) instead of float32 (4), the same
-step reads 3.6x or 2x fewer bytes. The activations, every product and every sum stay
+scale and offset per 32 weights: 1.25 bytes) or bf16 (2 bytes) instead of float32 (4),
+the same step reads 3.2x or 2x fewer bytes. The activations, every product and every sum stay
 float32: weights are widened in registers (kernels/cpu_linear.cpp).
 
 - Few rows (decode): the C++ kernel reads each weight row once for all rows of x.
 - Many rows (prefill): the weight is dequantized into a reused float32 scratch matrix
   and multiplied by F.linear (MKL), which is faster there than the kernel's loop.
 
-int8 quantization is symmetric per group of 32 consecutive weights along K (as
-llama.cpp's Q8_0): scale = max |w| / 127, q = round(w / scale). Weights that came
-from a Q8_0 tensor (SmolLM2's embeddings, tied to its lm_head) come back exactly.
+int8 quantization works per group of 32 consecutive weights along K, w = q * scale +
+offset with q in [-128, 127], each group taking the better (smaller largest error) of:
+
+- symmetric, as llama.cpp's Q8_0: scale = max |w| / 127, offset 0;
+- affine, as Q4_1 / Q8_1: scale = (max - min) / 255, offset = min + 128 * scale.
+
+So weights that came from a GGUF come back (almost) exactly: a Q8_0 group (SmolLM2's
+embeddings, tied to its lm_head) is scale * q already, and a Q4_1 group (its other
+linears) holds 16 levels d apart from min to min + 15 d, which an affine step of
+15 d / 255 = d / 17 hits on every 17th level (up to float rounding).
 
 The extension is compiled on first use (torch.utils.cpp_extension; needs a C++
 compiler and ninja; ~1 minute, then cached under ~/.cache/torch_extensions).
@@ -55,7 +62,8 @@ def extension():
                 src = Path(__file__).with_name("cpu_linear.cpp")
                 try:
                     _ext = cpp_extension.load(name="kvscope_cpu_linear", sources=[str(src)],
-                                              extra_cflags=["-O3", "-march=native"], verbose=False)
+                                              extra_cflags=["-O3", "-march=native", "-ffp-contract=off"],
+                                              verbose=False)
                 except Exception as exc:  # noqa: BLE001 (compiler missing, build error, ...)
                     raise KernelUnavailableError(
                         f"reduced-precision CPU weights need the C++ kernels in {src.name}, which failed "
@@ -64,22 +72,40 @@ def extension():
     return _ext
 
 
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 [N, K], float32 scales [N, K / 32]) for a float [N, K] weight, K % 32 == 0."""
+def _grid(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, lo: int, hi: int):
+    """(q, largest |error| per group) of ``groups`` on the grid q * scale + offset."""
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))[..., None]
+    q = torch.round((groups - offsets[..., None]) / safe).clamp_(lo, hi)
+    err = (q * scales[..., None] + offsets[..., None] - groups).abs().amax(dim=-1)
+    return q, err
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(int8 q [N, K], float32 scales and offsets [N, K / 32]) for a float [N, K] weight."""
     n, k = weight.shape
     if k % GROUP:
         raise ValueError(f"int8 weights need in_features divisible by {GROUP}, got {k}")
     groups = weight.detach().float().reshape(n, k // GROUP, GROUP)
-    scales = groups.abs().amax(dim=-1) / 127.0
-    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    q = torch.round(groups / safe[..., None]).clamp_(-127, 127).to(torch.int8)
-    return q.reshape(n, k).contiguous(), scales.contiguous()
+    zero = torch.zeros(n, k // GROUP)
+    sym_scale = groups.abs().amax(dim=-1) / 127.0
+    q_sym, err_sym = _grid(groups, sym_scale, zero, -127, 127)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
+    aff_scale = (hi - lo) / 255.0
+    aff_offset = lo + 128.0 * aff_scale
+    q_aff, err_aff = _grid(groups, aff_scale, aff_offset, -128, 127)
+    affine = err_aff < err_sym
+    q = torch.where(affine[..., None], q_aff, q_sym).to(torch.int8)
+    scales = torch.where(affine, aff_scale, sym_scale)
+    offsets = torch.where(affine, aff_offset, zero)
+    return q.reshape(n, k).contiguous(), scales.contiguous(), offsets.contiguous()
 
 
-def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The float32 weight an int8 weight stands for (exactly what the kernels use)."""
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The float32 weight an int8 weight stands for (exactly what the kernels use:
+    a multiply, then an add)."""
     n, k = q.shape
-    return (q.reshape(n, k // GROUP, GROUP).float() * scales[..., None]).reshape(n, k)
+    g = q.reshape(n, k // GROUP, GROUP).float() * scales[..., None]
+    return (g + offsets[..., None]).reshape(n, k)
 
 
 class _Scratch:
@@ -101,10 +127,11 @@ class _Scratch:
 
 @dataclass(frozen=True, eq=False)
 class Int8Weight:
-    """An int8 weight with grouped scales; written once by ``from_float``."""
+    """An int8 weight with grouped scales and offsets; written once by ``from_float``."""
 
     q: torch.Tensor  # int8 [N, K]
     scales: torch.Tensor  # float32 [N, K / 32]
+    offsets: torch.Tensor  # float32 [N, K / 32]; 0 for symmetric groups
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> "Int8Weight":
@@ -116,17 +143,17 @@ class Int8Weight:
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() * self.q.element_size() + self.scales.numel() * self.scales.element_size()
+        return self.q.numel() + 4 * (self.scales.numel() + self.offsets.numel())
 
     def dequantize(self) -> torch.Tensor:
-        return dequantize_int8(self.q, self.scales)
+        return dequantize_int8(self.q, self.scales, self.offsets)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x = x.contiguous()
         if x.shape[0] <= INT8_KERNEL_MAX_ROWS:
-            return extension().int8_linear(x, self.q, self.scales, bias)
+            return extension().int8_linear(x, self.q, self.scales, self.offsets, bias)
         w = _Scratch.get(self.shape)
-        extension().int8_dequantize(self.q, self.scales, w)
+        extension().int8_dequantize(self.q, self.scales, self.offsets, w)
         return F.linear(x, w, bias)
 
 
