@@ -29,6 +29,9 @@ compiler and ninja; ~1 minute, then cached under ~/.cache/torch_extensions).
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +62,7 @@ def extension():
             if _ext is None:
                 from torch.utils import cpp_extension
 
+                _ninja_on_path()
                 src = Path(__file__).with_name("cpu_linear.cpp")
                 try:
                     _ext = cpp_extension.load(name="kvscope_cpu_linear", sources=[str(src)],
@@ -78,6 +82,14 @@ def _grid(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, lo:
     q = torch.round((groups - offsets[..., None]) / safe).clamp_(lo, hi)
     err = (q * scales[..., None] + offsets[..., None] - groups).abs().amax(dim=-1)
     return q, err
+
+
+def _ninja_on_path() -> None:
+    """torch's extension builder runs ``ninja`` from PATH; the pip-installed one sits next
+    to this Python, which is not on PATH unless the virtualenv is activated."""
+    bindir = Path(sys.executable).parent
+    if shutil.which("ninja") is None and (bindir / "ninja").exists():
+        os.environ["PATH"] = f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
