@@ -89,7 +89,15 @@ def roofline_section(roof: dict) -> list[str]:
             "bytes / bandwidth), over the measured median step (decode: 64-token prompts, every sequence "
             "decoding; prefill: one prompt in one step). The last column is the same share from the CPU "
             "seconds per thread against the ceilings measured the same way.", ""]
+    if c["gemm_gflops"] < LOADED_CEILING * c["gemm_gflops_cpu"] or c["read_gbps"] < LOADED_CEILING * c["read_gbps_cpu"]:
+        out += [f"**Loaded box**: the wall-clock ceilings came out below {LOADED_CEILING:.0%} of the CPU-time "
+                "ones (other jobs held the cores while they were measured), so the wall-clock shares above, and "
+                "the roofline targets' wall-clock values, are inflated; read the CPU-time column.", ""]
     return out
+
+
+# wall-clock ceilings below this share of the CPU-time ones mean others held the cores
+LOADED_CEILING = 0.7
 
 
 def render_markdown(results: dict) -> str:

@@ -58,7 +58,7 @@ def _prompt_logits(loaded, prompts) -> list:
     return rows
 
 
-def run(formats: list[str], quick: bool, speed: bool = True) -> dict:
+def run(formats: list[str], quick: bool, speed: bool = True, accuracy: bool = True) -> dict:
     from bench import workloads as W
     from bench.measure import compare_tokens, loadavg
     from bench.roofline import FULL_ROOFLINE, QUICK_ROOFLINE, run_roofline
@@ -69,14 +69,19 @@ def run(formats: list[str], quick: bool, speed: bool = True) -> dict:
     for fmt in formats:
         load0 = loadavg()
         loaded = _load(fmt)
+        entry: dict = {}
+        if speed:
+            entry["roofline"] = run_roofline(loaded, MODEL, QUICK_ROOFLINE if quick else FULL_ROOFLINE)
+        entry["loadavg"] = [load0, loadavg()]
+        if not accuracy:
+            out["formats"][fmt] = entry
+            del loaded
+            continue
         wl = W.build("mixed", loaded.tokenizer, W.QUICK, 0)
         logits = _prompt_logits(loaded, [r.prompt_ids for r in wl.requests])
         engine = make_engine(loaded, MODEL, 16, 512)
         tokens = run_kvscope(engine, wl).token_ids
         del engine
-        entry = {"loadavg": [load0, loadavg()]}
-        if speed:
-            entry["roofline"] = run_roofline(loaded, MODEL, QUICK_ROOFLINE if quick else FULL_ROOFLINE)
         if ref_logits is None:
             ref_logits, ref_tokens = logits, tokens
         else:
@@ -113,7 +118,7 @@ def render(res: dict) -> str:
             + (f"{g['identical_requests']}/{g['requests']} requests, {g['tokens_before_divergence']}/"
                f"{g['tokens']} tokens | {acc['max_abs_logit_error']:.3f} "
                f"({100 * acc['max_logit_error_share_of_range']:.2f}%) | {acc['top1_agreement']}/"
-               f"{acc['prompts']} |" if acc else "reference | – | – |"))
+               f"{acc['prompts']} |" if acc else ("reference | – | – |" if fmt == "float32" else "– | – | – |")))
     return "\n".join(lines)
 
 
@@ -122,12 +127,13 @@ def main() -> None:
     p.add_argument("--formats", default="float32,bfloat16,int8")
     p.add_argument("--quick", action="store_true", help="fewer timed steps per roofline unit")
     p.add_argument("--no-speed", dest="speed", action="store_false", help="accuracy only")
+    p.add_argument("--no-accuracy", dest="accuracy", action="store_false", help="speed only")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if formats[0] != "float32":
         p.error("the first format is the reference and must be float32")
-    res = run(formats, args.quick, args.speed)
+    res = run(formats, args.quick, args.speed, args.accuracy)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1, default=str)

@@ -7,14 +7,16 @@ bench.threads_ab`` reproduces it):
   default spins ~3 ms at every barrier. When another process wants a core, a spinning
   thread takes it from the one the barrier waits for: with the box loaded, 2 threads
   with libgomp's default were 1.8-10x slower than 1 thread; with PASSIVE (idle threads
-  sleep at once) 0.36-1.1x of 1 thread's step time, so never the collapse that made
-  the engine fall back to 1 thread on small machines. libgomp reads
+  sleep at once) 0.36-1.24x of 1 thread's step time (0.36-0.99x with a busy or bursty
+  extra load, the dashboard's case), never the collapse that made the engine fall back
+  to 1 thread on small machines. libgomp reads
   ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` once, when ``import torch`` loads it, so
   ``engine/__init__`` sets the default here before anything imports torch.
 - Torch threads: every usable core, for every use (offline ``LLM.generate``,
   ``kvscope bench`` and ``kvscope serve`` beside the dashboard): with PASSIVE the
-  second thread won or tied under load, and on a quiet box it is the only way to use
-  the second core. ``SERVE_THREADS`` would give serving its own count.
+  second thread won under an extra busy or bursty load, was within 0.93-1.24x of one
+  thread under other jobs' load, and on a quiet box it is the only way to use the
+  second core. ``SERVE_THREADS`` would give serving its own count.
 
 Precedence for the thread count: ``EngineConfig.num_threads``, then
 ``KVSCOPE_NUM_THREADS``, then an exported ``OMP_NUM_THREADS`` (left to torch), then the
