@@ -6,6 +6,7 @@
     python -m bench.step_ab packed      # F.linear vs oneDNN-packed weights for small batches
     python -m bench.step_ab cascade_flash  # cascade with explicit scores vs flash + LSE merge
     python -m bench.step_ab decode_kernel --batch 64  # gather + SDPA vs the C++ decode kernel
+    python -m bench.step_ab fused --batch 1  # torch's small elementwise ops vs kernels/cpu_fused.cpp
 
 ``--batch N`` times decode steps of N sequences with 64-token synthetic prompts
 (bench/cpu_units.py's DecodeBatch, as the roofline's units) instead of the workload's 16
@@ -41,6 +42,7 @@ _SETTINGS = {
     "packed": ("F.linear", "packed"),
     "cascade_flash": ("scores GEMM", "flash + LSE merge"),
     "decode_kernel": ("gather + SDPA", "C++ kernel"),
+    "fused": ("torch elementwise ops", "fused C++ ops"),
 }
 
 
@@ -64,6 +66,10 @@ def _apply(kind: str, setting: str, engine) -> None:
         layers.PACKED_MAX_ROWS = 64 if setting == "packed" else 0
     elif kind == "decode_kernel":  # read by the backend when it plans each step
         engine.runner.backend.decode_kernel = setting == "C++ kernel"
+    elif kind == "fused":
+        from kernels import cpu_fused
+
+        cpu_fused._enabled = setting == "fused C++ ops"
 
 
 def _order(k: int, a: str, b: str) -> str:

@@ -62,10 +62,10 @@ def load_cpu_extension(source: str, extra_cflags: tuple[str, ...] = ()):
 
 def build_all() -> list[str]:
     """Build (or find cached) every CPU extension; the failures, as messages."""
-    from kernels import cpu_attention, cpu_linear
+    from kernels import cpu_attention, cpu_fused, cpu_linear
 
     failed = []
-    for build in (cpu_attention.extension, cpu_linear.extension):
+    for build in (cpu_attention.extension, cpu_fused.extension, cpu_linear.extension):
         try:
             build()
         except KernelUnavailableError as exc:
