@@ -69,7 +69,7 @@ def _apply(kind: str, setting: str, engine) -> None:
     elif kind == "fused":
         from kernels import cpu_fused
 
-        cpu_fused._enabled = setting == "fused C++ ops"
+        cpu_fused.KERNELS.on = setting == "fused C++ ops"
 
 
 def _order(k: int, a: str, b: str) -> str:

@@ -10,41 +10,14 @@ turns it off (for A/B runs: ``python -m bench.step_ab decode_kernel``).
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-
 import torch
 
-from kernels.cpu_build import KernelUnavailableError, load_cpu_extension
+from kernels.cpu_build import DefaultPathKernels
 
-logger = logging.getLogger(__name__)
-
-_enabled: bool | None = None
-_lock = threading.Lock()
-
-
-def extension():
-    """The compiled kernel; raises KernelUnavailableError when it cannot be built."""
-    return load_cpu_extension("cpu_attention.cpp")
-
-
-def decode_kernel_enabled() -> bool:
-    """Whether CPU decodes go through the C++ kernel: on unless
-    ``KVSCOPE_CPU_DECODE_KERNEL=0``, and only if it builds (decided once per process; a
-    build failure is logged once and the torch path used)."""
-    global _enabled
-    if os.environ.get("KVSCOPE_CPU_DECODE_KERNEL", "1") == "0":
-        return False
-    with _lock:
-        if _enabled is None:
-            try:
-                extension()
-                _enabled = True
-            except KernelUnavailableError as exc:
-                logger.warning("CPU decode attention falls back to torch (gather + SDPA): %s", exc)
-                _enabled = False
-        return _enabled
+KERNELS = DefaultPathKernels("cpu_attention.cpp", "KVSCOPE_CPU_DECODE_KERNEL",
+                             "CPU decode attention falls back to torch (gather + SDPA)")
+extension = KERNELS.module  # the compiled kernel; raises KernelUnavailableError when it cannot be built
+decode_kernel_enabled = KERNELS.enabled  # on unless KVSCOPE_CPU_DECODE_KERNEL=0, if it builds
 
 
 def can_run(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:

@@ -8,14 +8,18 @@ second. ``make install`` builds them once ahead of time.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
 import threading
 from pathlib import Path
 
+logger = logging.getLogger(__name__)
+
 _loaded: dict[str, object] = {}
 _lock = threading.Lock()
+_lock_enabled = threading.Lock()
 
 
 class KernelUnavailableError(RuntimeError):
@@ -58,6 +62,36 @@ def load_cpu_extension(source: str, extra_cflags: tuple[str, ...] = ()):
                     f"the C++ kernels in kernels/{source} failed to build ({type(exc).__name__}: {exc}); "
                     "they need a C++ compiler and ninja") from exc
         return _loaded[source]
+
+
+class DefaultPathKernels:
+    """A C++ extension that the default path uses where it builds: on unless
+    ``env_var=0``; the first ``enabled()`` call decides it for the process (building or
+    loading it, and logging once when it cannot). ``on`` is that decision (written only
+    by ``enabled``, and by A/B benchmarks and tests that flip it)."""
+
+    def __init__(self, source: str, env_var: str, fallback: str, extra_cflags: tuple[str, ...] = ()) -> None:
+        self.source, self.env_var, self.fallback, self.extra_cflags = source, env_var, fallback, extra_cflags
+        self.on: bool | None = None
+
+    def module(self):
+        """The compiled module; raises KernelUnavailableError when it cannot be built."""
+        return load_cpu_extension(self.source, self.extra_cflags)
+
+    def enabled(self) -> bool:
+        if self.on is None:
+            with _lock_enabled:
+                if self.on is None:
+                    if os.environ.get(self.env_var, "1") == "0":
+                        self.on = False
+                    else:
+                        try:
+                            self.module()
+                            self.on = True
+                        except KernelUnavailableError as exc:
+                            logger.warning("%s: %s", self.fallback, exc)
+                            self.on = False
+        return self.on
 
 
 def build_all() -> list[str]:

@@ -10,43 +10,15 @@ results; add_rms_norm sums the squares in another order (~1 ulp in the scale).
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-
 import torch
 
-from kernels.cpu_build import KernelUnavailableError, load_cpu_extension
+from kernels.cpu_build import DefaultPathKernels
 
-logger = logging.getLogger(__name__)
-
-_enabled: bool | None = None
-_lock = threading.Lock()
-
-
-def extension():
-    """The compiled ops; raises KernelUnavailableError when they cannot be built."""
-    return load_cpu_extension("cpu_fused.cpp", ("-ffp-contract=off",))
-
-
-def fused_enabled() -> bool:
-    """Whether float32 CPU layers use the fused ops: on unless ``KVSCOPE_CPU_FUSED=0``,
-    and only if they build (decided once per process, at the first call; a failure is
-    logged once)."""
-    global _enabled
-    if _enabled is None:
-        with _lock:
-            if _enabled is None:
-                if os.environ.get("KVSCOPE_CPU_FUSED", "1") == "0":
-                    _enabled = False
-                else:
-                    try:
-                        extension()
-                        _enabled = True
-                    except KernelUnavailableError as exc:
-                        logger.warning("CPU layers fall back to torch's elementwise ops: %s", exc)
-                        _enabled = False
-    return _enabled
+# -ffp-contract=off: no multiply-add is fused, so every product rounds as torch's does
+KERNELS = DefaultPathKernels("cpu_fused.cpp", "KVSCOPE_CPU_FUSED", "CPU layers fall back to torch's elementwise ops",
+                             ("-ffp-contract=off",))
+extension = KERNELS.module  # the compiled ops; raises KernelUnavailableError when they cannot be built
+fused_enabled = KERNELS.enabled  # on unless KVSCOPE_CPU_FUSED=0, if they build
 
 
 def applies(*tensors: torch.Tensor) -> bool:

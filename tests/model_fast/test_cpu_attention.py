@@ -82,5 +82,6 @@ def test_the_cpu_backend_plans_for_the_kernel_unless_turned_off(monkeypatch):
     from engine.model.attention import select_backend
 
     assert select_backend("torch", "cpu").decode_kernel is True
+    monkeypatch.setattr(cpu_attention.KERNELS, "on", None)  # decided again, as in a fresh process
     monkeypatch.setenv("KVSCOPE_CPU_DECODE_KERNEL", "0")
     assert select_backend("torch", "cpu").decode_kernel is False

@@ -21,7 +21,7 @@ def _built(cpu_compiler):
 def torch_ops(monkeypatch):
     """Turns the fused ops off for the test (as KVSCOPE_CPU_FUSED=0 does at start)."""
     def off():
-        monkeypatch.setattr(cpu_fused, "_enabled", False)
+        monkeypatch.setattr(cpu_fused.KERNELS, "on", False)
     return off
 
 
