@@ -7,6 +7,7 @@
     python -m bench.step_ab cascade_flash  # cascade with explicit scores vs flash + LSE merge
     python -m bench.step_ab decode_kernel --batch 64  # gather + SDPA vs the C++ decode kernel
     python -m bench.step_ab fused --batch 1  # torch's small elementwise ops vs kernels/cpu_fused.cpp
+    python -m bench.step_ab cpu_kernels --batch 64  # neither of the two above vs both
 
 ``--batch N`` times decode steps of N sequences with 64-token synthetic prompts
 (bench/cpu_units.py's DecodeBatch, as the roofline's units) instead of the workload's 16
@@ -43,6 +44,7 @@ _SETTINGS = {
     "cascade_flash": ("scores GEMM", "flash + LSE merge"),
     "decode_kernel": ("gather + SDPA", "C++ kernel"),
     "fused": ("torch elementwise ops", "fused C++ ops"),
+    "cpu_kernels": ("torch only", "decode kernel + fused ops"),
 }
 
 
@@ -70,6 +72,10 @@ def _apply(kind: str, setting: str, engine) -> None:
         from kernels import cpu_fused
 
         cpu_fused.KERNELS.on = setting == "fused C++ ops"
+    elif kind == "cpu_kernels":  # both of the above
+        from kernels import cpu_fused
+
+        engine.runner.backend.decode_kernel = cpu_fused.KERNELS.on = setting != "torch only"
 
 
 def _order(k: int, a: str, b: str) -> str:
@@ -103,12 +109,13 @@ def run(kind: str, steps: int = 40, model: str = "smollm2-135m", batch: int | No
     times: dict[tuple[str, str], list[tuple[float, float]]] = {
         (p, s): [] for p in ("prefill", "decode") for s in (a, b)}
     if batch is not None:
-        from bench.cpu_units import DecodeBatch
+        from bench.cpu_units import DecodeBatch, decode_max_tokens
 
-        max_len = 64 + steps + 16
+        max_tokens = decode_max_tokens(batch, 64, steps + 1)  # + the untimed step below
+        max_len = 64 + max_tokens + 16
         engine = make_engine(loaded, model, batch, batch * -(-max_len // 16) + 8, enable_prefix_caching=False,
                              max_model_len=max_len)
-        DecodeBatch(engine, loaded.spec.vocab_size, batch, 64, max_tokens=steps + 4)
+        DecodeBatch(engine, loaded.spec.vocab_size, batch, 64, max_tokens=max_tokens)
     else:
         engine = make_engine(loaded, model, 16, 1024)
     # prefill phase: a long queue of prompts with max_tokens=1, prefix caching off, so
