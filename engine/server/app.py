@@ -38,7 +38,7 @@ from engine.server.hub import HubLimits
 from engine.server.mailbox import Shutdown
 from engine.server.prom import ServerMetrics
 from engine.server.request_book import MAX_N
-from engine.server.security import BindRefused, check_bind
+from engine.server.security import BindRefused, check_allowed_hosts, check_bind
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,7 @@ class ServerOptions:
     label: str | None = None
     allow_remote: bool = False
     token: str | None = None  # from KVSCOPE_TOKEN; required of clients when set
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-host: Host names answered besides loopback ones
     max_frame_bytes: int = 1 << 20
     max_in_flight_per_conn: int = 64
     max_pending_ops: int = 1024  # client ops queued for the engine thread, all connections
@@ -71,6 +72,7 @@ class ServerOptions:
         if not all(isinstance(n, str) and n for n in names):
             raise ValueError(f"served_model_name must be non-empty names, got {self.served_model_name!r}")
         object.__setattr__(self, "served_model_name", tuple(names))
+        object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
         for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer",
                      "step_history", "max_outbox_bytes"):
             v = getattr(self, name)
@@ -109,7 +111,7 @@ class KVScopeServer(FrontDoor):
                          limits=HubLimits(options.max_frame_bytes, options.step_buffer,
                                           options.step_history, options.max_outbox_bytes,
                                           max_in_flight=options.max_in_flight_per_conn),
-                         redact_tokens=options.redact_tokens,
+                         redact_tokens=options.redact_tokens, allowed_hosts=options.allowed_hosts,
                          max_pending_ops=options.max_pending_ops,
                          board=HealthBoard(options.engine.model),
                          metrics=ServerMetrics(options.model_name))

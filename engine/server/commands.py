@@ -15,6 +15,15 @@ import sys
 from engine.server.security import TOKEN_ENV
 
 
+def add_allowed_host_arg(g) -> None:
+    """``--allowed-host`` (serve and attach): Host names answered besides loopback ones."""
+    g.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (repeatable; .example.com "
+                        "allows the domain and its subdomains). On loopback only loopback names are "
+                        "answered by default (DNS rebinding); on another address this list, when "
+                        "given, is enforced too")
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from engine.cli import add_engine_args
 
@@ -37,6 +46,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "model_name label of /metrics (default: --model)")
     g.add_argument("--allow-remote", action="store_true",
                    help=f"allow a non-loopback --host (clients must present {TOKEN_ENV})")
+    add_allowed_host_arg(g)
     g.add_argument("--max-queue", type=int, default=256,
                    help="bound of the engine's waiting queue (0 = unbounded); more gives queue_full")
     g.add_argument("--max-frame-bytes", type=int, default=1 << 20,
@@ -86,7 +96,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              max_in_flight_per_conn=args.max_in_flight,
                              client_restart=args.client_restart, redact_tokens=args.redact_tokens,
                              max_outbox_bytes=args.max_outbox_bytes, step_buffer=args.step_buffer,
-                             served_model_name=tuple(args.served_model_name or ()))
+                             served_model_name=tuple(args.served_model_name or ()),
+                             allowed_hosts=tuple(args.allowed_hosts))
     except (BindRefused, KVScopeError, ValueError) as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2
