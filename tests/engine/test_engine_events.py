@@ -2,7 +2,6 @@
 
 import random
 
-
 from engine import LLM, SamplingParams
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
