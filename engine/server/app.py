@@ -31,6 +31,7 @@ from engine.config import EngineConfig
 from engine.openai.request import ParseLimits
 from engine.server.api_desk import ApiDesk
 from engine.server.api_routes import ApiContext, api_routes
+from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT, ClientQuota
 from engine.server.engine_loop import EngineFactory, EngineWorker
 from engine.server.front_door import FrontDoor, Post
 from engine.server.health import Health, HealthBoard, Status
@@ -54,6 +55,7 @@ class ServerOptions:
     allowed_hosts: tuple[str, ...] = ()  # --allowed-host: Host names answered besides loopback ones
     max_frame_bytes: int = 1 << 20
     max_in_flight_per_conn: int = 64
+    max_api_in_flight: int = DEFAULT_MAX_API_IN_FLIGHT  # per client address, over the OpenAI API
     max_pending_ops: int = 1024  # client ops queued for the engine thread, all connections
     step_buffer: int = 256
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
@@ -73,8 +75,8 @@ class ServerOptions:
             raise ValueError(f"served_model_name must be non-empty names, got {self.served_model_name!r}")
         object.__setattr__(self, "served_model_name", tuple(names))
         object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
-        for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer",
-                     "step_history", "max_outbox_bytes"):
+        for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_api_in_flight", "max_pending_ops",
+                     "step_buffer", "step_history", "max_outbox_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -151,7 +153,8 @@ class KVScopeServer(FrontDoor):
         return api_routes(ApiContext(
             self.desk, self.board, self.gate,
             ParseLimits(max_n=MAX_N, max_prompts=opts.max_in_flight_per_conn),
-            opts.max_frame_bytes, opts.served_model_name or (opts.engine.model,)))
+            opts.max_frame_bytes, opts.served_model_name or (opts.engine.model,),
+            ClientQuota(opts.max_api_in_flight)))
 
     def _open_calls(self) -> int:
         return len(self.desk.exchanges)
