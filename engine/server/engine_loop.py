@@ -43,6 +43,7 @@ from engine.server.health import Health, HealthBoard, ProgressCapture, Status
 from engine.server.mailbox import (
     Attach, Delivery, Detach, Letter, Mailbox, NewRun, Prepared, Reply, Shutdown, StepOut,
 )
+from engine.server.memory_hygiene import Trimmer, bound_cpu_shape_caches
 from engine.server.output_messages import finished_fields
 from engine.server.prompt_prep import PromptPrep
 from engine.server.request_book import MAX_N, RequestBook
@@ -85,10 +86,12 @@ class EngineWorker(threading.Thread):
         self.client_restart = client_restart
         self.restart_limits: RestartLimits | None = None
         self.stop_requested = threading.Event()  # set by the app before it sends Shutdown
+        self.trimmer = Trimmer()  # hands freed heap back to the OS now and then (memory_hygiene)
 
     # ---- lifecycle ---------------------------------------------------------------
 
     def run(self) -> None:
+        bound_cpu_shape_caches()  # before the model's first op (memory_hygiene)
         try:
             with ProgressCapture(self.board):
                 engine = self.engine_factory(self.config)
@@ -164,6 +167,7 @@ class EngineWorker(threading.Thread):
                 self._step()
             self._answer_snapshots()
             self._flush()
+            self.trimmer.tick()
 
     def _flush(self) -> None:
         if self._out:
