@@ -235,8 +235,11 @@ def churner(url: str, tally: Tally, stop: threading.Event) -> None:
 # ---- the run -----------------------------------------------------------------------------
 
 
-def _start_server(model: str, db: str, extra: list[str]) -> tuple[subprocess.Popen, int]:
-    cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", model, "--port", "0", "--db", db,
+def _start_server(model: str, db: str, extra: list[str], probe: str | None = None,
+                  probe_s: float = 30.0, trace_from_s: float = 0.0) -> tuple[subprocess.Popen, int]:
+    launcher = ["engine.cli"] if probe is None else ["bench.mem_probe", probe, str(probe_s),
+                                                     str(trace_from_s)]
+    cmd = [sys.executable, "-m", *launcher, "serve", "--model", model, "--port", "0", "--db", db,
            "--label", "soak", "--no-client-restart", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
@@ -258,14 +261,16 @@ def _start_server(model: str, db: str, extra: list[str]) -> tuple[subprocess.Pop
     raise RuntimeError("the server did not become ready")
 
 
-def run(minutes: float, model: str, good: int, extra: list[str]) -> dict:
+def run(minutes: float, model: str, good: int, extra: list[str], probe: str | None = None,
+        probe_s: float = 30.0) -> dict:
     tmp = tempfile.mkdtemp(prefix="kvscope-soak-")
     db = os.path.join(tmp, "runs.sqlite")
-    proc, port = _start_server(model, db, extra)
+    quiet_s = max(30.0, minutes * 60 / 5)
+    # tracing from the mix's second minute: the batch has grown to the flooders' size
+    proc, port = _start_server(model, db, extra, probe, probe_s, quiet_s + 60 + 30)
     url = f"ws://127.0.0.1:{port}"
     tally, phase, stop = Tally(), ["quiet"], threading.Event()
     total = minutes * 60
-    quiet_s = max(30.0, total / 5)
     loads, rss, backlog = [], [], []
     goods = [threading.Thread(target=good_client, args=(url, tally, phase, stop, k), daemon=True)
              for k in range(good)]
@@ -341,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny", help="'tiny' (a random-weight Llama) or any kvscope model")
     p.add_argument("--good-clients", type=int, default=2)
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--mem-probe", default=None, metavar="JSONL",
+                   help="run the server under bench.mem_probe (tracemalloc, gc counts, malloc "
+                        "arenas) and append its probes here; slows the server, so figures differ")
+    p.add_argument("--probe-interval", type=float, default=30.0, metavar="S")
     args, extra = p.parse_known_args(argv)
     model = args.model
     if model == "tiny":
@@ -348,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model = str(tiny_model_dir("llama"))
         extra = ["--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "256", *extra]
-    res = run(args.minutes, model, args.good_clients, extra)
+    res = run(args.minutes, model, args.good_clients, extra, args.mem_probe, args.probe_interval)
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:
