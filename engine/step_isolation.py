@@ -17,8 +17,8 @@ those whose own run raises. Why that is sound:
   writer runs first; if the writer failed, the reader read garbage and fails too
   (``Piece.reads`` against the failed pieces' ``writes``).
 - Copy-on-write copies go with the piece whose table holds the copy (idempotent: the
-  source block is shared and so never written). Finished ids go with the first piece
-  (dropping a runner state twice is a no-op). A request's ``NewRequestData`` goes with
+  source block is shared and so never written). Finished ids go with every piece
+  (dropping a runner state twice is a no-op, and a piece may be skipped). A request's ``NewRequestData`` goes with
   its piece: the runner rebuilds its sampling state, so a request new in this step
   samples exactly as it would have without the fault.
 - A request that ran in an earlier step keeps its sampling state; its generator
@@ -80,7 +80,7 @@ def split_step(out: SchedulerOutput, block_size: int) -> list[Piece]:
         pieces.append(Piece(
             SchedulerOutput(out.step, [s], [p for p in out.cow_pairs if owner[p] == i], [],
                             out.token_budget, [n for n in out.new_requests if n.request_id in mine],
-                            list(out.finished_request_ids) if i == 0 else [], out.timestamp),
+                            list(out.finished_request_ids), out.timestamp),
             s.request_id,
             frozenset(s.block_table[: -(-s.seq_len // block_size)]),
             frozenset(slot // block_size for slot in s.slot_mapping)))

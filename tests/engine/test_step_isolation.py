@@ -154,3 +154,26 @@ def test_a_forked_request_fails_whole_and_its_siblings_run(tiny_llama):
     assert final.request_id == "fork" and [c.finish_reason for c in final.outputs] == ["abort", "abort"]
     assert set(eng.scheduler.requests) == {"other"}
     assert list(_run(eng)["other"].outputs[0].token_ids) == _alone(tiny_llama, [60, 61, 62], GREEDY)
+
+
+def test_split_step_gives_each_piece_its_own_share():
+    from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
+    from engine.events.types import ScheduledPhase
+    from engine.step_isolation import split_step
+
+    p = SamplingParams()
+    a = ScheduledRequest("a", [1, 2, 3, 4, 5], 0, [7, 8], [28, 29, 30, 31, 32], ("a",), ScheduledPhase.PREFILL)
+    b = ScheduledRequest("b", [9], 6, [7, 3], [14], ("b", "b#1"), ScheduledPhase.DECODE)
+    out = SchedulerOutput(5, [a, b], [(4, 3), (11, 12)], ["gone"], 64,
+                          [NewRequestData("a", p, 1), NewRequestData("b#1", p, 2)], ["done"], 1.5)
+    pa, pb = split_step(out, 4)
+    assert (pa.request_id, pb.request_id) == ("a", "b")
+    assert pa.output.scheduled == [a] and pb.output.scheduled == [b]
+    # b's table holds block 3, the copy's destination; (11, 12) lands in no table: a's, the first
+    assert pb.output.cow_pairs == [(4, 3)] and pa.output.cow_pairs == [(11, 12)]
+    assert [n.request_id for n in pa.output.new_requests] == ["a"]
+    assert [n.request_id for n in pb.output.new_requests] == ["b#1"]  # the fork child sampled by b
+    assert pa.output.finished_request_ids == pb.output.finished_request_ids == ["done"]
+    assert pa.output.preempted == [] and pa.output.step == 5 and pa.output.timestamp == 1.5
+    assert (pa.reads, pa.writes) == ({7, 8}, {7, 8})  # slots 28..32 are blocks 7 and 8
+    assert (pb.reads, pb.writes) == ({7, 3}, {3})  # b attends over block 7, writes only 3
