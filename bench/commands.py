@@ -22,10 +22,12 @@ def add_bench_subcommands(sub) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=512,
                    help="kvscope KV pool in blocks of 16 tokens (512 = 8192 slots, 360 MiB for SmolLM2)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: the engine's choice, 1 on <= 2 cores)")
+                   help="torch threads (default: the engine's choice, every usable core; engine/cpu_threads.py)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip transformers (kvscope figures only)")
     p.add_argument("--no-events-cost", dest="events_cost", action="store_false")
+    p.add_argument("--no-roofline", dest="roofline", action="store_false",
+                   help="skip the roofline rows (GEMM and bandwidth ceilings, 64/16/1-sequence decode, prefill)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="bench/results_cpu.json", help="where to write the JSON results")
     p.add_argument("--results", default="bench/RESULTS.md",
@@ -46,6 +48,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     from bench import workloads as W
     from bench.report import render_markdown, update_results_md, write_json
+    from bench.roofline import FULL_ROOFLINE, QUICK_ROOFLINE
     from bench.suite import BenchOptions, default_threads_env, run_bench
 
     names = tuple(n.strip() for n in args.workloads.split(",") if n.strip())
@@ -58,6 +61,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         scale_name="quick" if args.quick else "full", max_num_seqs=args.max_num_seqs,
                         num_kv_blocks=args.num_kv_blocks, baseline=args.baseline,
                         events_cost=args.events_cost,
+                        roofline=(QUICK_ROOFLINE if args.quick else FULL_ROOFLINE) if args.roofline else None,
                         seed=args.seed, progress=args.progress)
     results = run_bench(opts)
     md = render_markdown(results)

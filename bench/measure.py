@@ -6,8 +6,9 @@ from t0 to the request's first token on either system.
 
 Each run also records the CPU seconds the process used (``time.process_time()``).
 On a machine shared with other jobs, wall time stretches with their load while CPU
-time mostly does not (with one torch thread all model work runs on the calling
-thread), so tokens per CPU-second is the load-robust cross-check of throughput.
+time mostly does not (summed over the process's threads; with OpenMP's PASSIVE wait
+policy a thread waiting at a barrier sleeps rather than spins, so waiting is not
+counted), so tokens per CPU-second is the load-robust cross-check of throughput.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ JSON = ROOT / "bench" / "results_cpu.json"
 README = ROOT / "README.md"
 
 
-def _target(results: dict, prefix: str) -> float | None:
-    return next((t["value"] for t in results.get("targets", [])
+def _target(results: dict, prefix: str, key: str = "value") -> float | None:
+    return next((t.get(key) for t in results.get("targets", [])
                  if t["target"].startswith(prefix)), None)
 
 
@@ -36,9 +36,20 @@ def render(results: dict) -> str:
     m, c = results["machine"], results["config"]
     w = results["workloads"]
     mixed, shared = w.get("mixed", {}), w.get("shared_prefix", {})
+    threads = f"{m['torch_threads']} torch thread{'s' if m['torch_threads'] != 1 else ''}"
+    if m.get("omp_wait_policy"):
+        threads += f" ({m['omp_wait_policy']})"
+    roof = ""
+    b64, b1 = _target(results, "roofline: 64-sequence"), _target(results, "roofline: 1-sequence")
+    if b64 is not None or b1 is not None:
+        c64 = _target(results, "roofline: 64-sequence", "value_cpu_time")
+        c1 = _target(results, "roofline: 1-sequence", "value_cpu_time")
+        roof = (f" Roofline (wall clock; by CPU time in brackets): 64-sequence decode at "
+                f"{_pct(b64)} ({_pct(c64)}) of the measured GEMM ceiling, 1-sequence decode at "
+                f"{_pct(b1)} ({_pct(c1)}) of the fp32 weight-streaming limit.")
     return (
         f"On the {m['cores']}-core CPU box (`kvscope bench`, run of {m['date']}, "
-        f"{c['model']} float32, {m['torch_threads']} torch thread, same process for both "
+        f"{c['model']} float32, {threads}, same process for both "
         "systems, greedy tokens identical): kvscope's throughput is "
         f"{_x(_target(results, 'mixed: throughput'))} transformers' static batching on "
         f"{mixed.get('num_requests', '?')} chat-like requests and "
@@ -47,7 +58,7 @@ def render(results: dict) -> str:
         f"({_pct(_target(results, 'shared prefix: shared prompt'))} of it served from the "
         "prefix cache); chunked prefill cuts the short requests' TTFT behind a long prompt "
         f"to {_x(_target(results, 'long+short'))}; streaming + recording every event costs "
-        f"{_pct(_target(results, 'events:'))}.")
+        f"{_pct(_target(results, 'events:'))}.{roof}")
 
 
 def block(results: dict) -> str:

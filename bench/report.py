@@ -60,6 +60,46 @@ def workload_table(entry: dict) -> str:
     return "\n".join(lines)
 
 
+def roofline_section(roof: dict) -> list[str]:
+    """The roofline table: each unit's rate against the GEMM and bandwidth ceilings."""
+    c, m = roof["ceilings"], roof["model"]
+    out = [
+        "#### roofline",
+        "",
+        f"Ceilings measured in this run at {c['threads']} torch thread(s): GEMM (torch.mm, 2048^3 float32) "
+        f"**{c['gemm_gflops']:.0f} GFLOP/s**, memory read (sum over 256 MiB) **{c['read_gbps']:.1f} GB/s** "
+        f"(from CPU time per thread instead: {c['gemm_gflops_cpu']:.0f} GFLOP/s, {c['read_gbps_cpu']:.1f} GB/s). "
+        f"Model: {m['decode_flops_per_token'] / 1e9:.3f} GFLOP per decoded token in the linears and lm_head "
+        f"({m['linear_weights'] / 1e6:.1f} M + {m['lm_head_weights'] / 1e6:.1f} M weights), "
+        f"{m['weight_bytes'] / 1e6:.0f} MB of {m['dtype']} weights streamed per step; attention adds "
+        f"{m['attn_flops_per_ctx'] / 1e3:.0f} kFLOP per token and context position. Load average "
+        f"{roof['loadavg'][0]} -> {roof['loadavg'][1]}.",
+        "",
+        "| unit | median step | tokens/s | GFLOP/s | GB/s | share of FLOP ceiling | share of bandwidth "
+        "ceiling | bound | from CPU time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for u in roof["units"].values():
+        cpu = u.get("roofline_fraction_cpu_time")
+        out.append(f"| {u['label']} | {1e3 * u['median_step_s']:.0f} ms | {u['tokens_per_s']:.1f} | "
+                   f"{u['gflops']:.1f} | {u['gbps']:.1f} | {100 * u['flops_fraction']:.0f}% | "
+                   f"{100 * u['bytes_fraction']:.0f}% | {u['bound']} | "
+                   f"{'–' if cpu is None else f'{100 * cpu:.0f}%'} |")
+    out += ["", "Each unit's share is the roofline's lower bound on its step time, max(FLOPs / GEMM rate, "
+            "bytes / bandwidth), over the measured median step (decode: 64-token prompts, every sequence "
+            "decoding; prefill: one prompt in one step). The last column is the same share from the CPU "
+            "seconds per thread against the ceilings measured the same way.", ""]
+    if c["gemm_gflops"] < LOADED_CEILING * c["gemm_gflops_cpu"] or c["read_gbps"] < LOADED_CEILING * c["read_gbps_cpu"]:
+        out += [f"**Loaded box**: the wall-clock ceilings came out below {LOADED_CEILING:.0%} of the CPU-time "
+                "ones (other jobs held the cores while they were measured), so the wall-clock shares above, and "
+                "the roofline targets' wall-clock values, are inflated; read the CPU-time column.", ""]
+    return out
+
+
+# wall-clock ceilings below this share of the CPU-time ones mean others held the cores
+LOADED_CEILING = 0.7
+
+
 def render_markdown(results: dict) -> str:
     m, c = results["machine"], results["config"]
     out = [
@@ -95,7 +135,10 @@ def render_markdown(results: dict) -> str:
                        f"{show(t['value_cpu_time']) if cpu else ''} | {yes[t['met_cpu_time']] if cpu else ''} |")
         out += ["", "Throughput ratios are given twice: from wall-clock time (the target's definition) and "
                 "from the CPU seconds each system used, which other jobs' load on this shared box does not "
-                "stretch (one torch thread: all model work is on the calling thread).", ""]
+                "stretch much (all threads of the process; an OpenMP thread waiting at a barrier sleeps under "
+                "the PASSIVE wait policy instead of spinning, so waiting is not counted as work).", ""]
+    if results.get("roofline"):
+        out += roofline_section(results["roofline"])
     for name, entry in results["workloads"].items():
         out += [f"#### {name}", "", entry["description"] + ".", "", workload_table(entry), ""]
         tm = entry.get("token_match")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from bench import workloads as W
 from bench.measure import RssSampler, compare_tokens, machine_info, summarize
+from bench.roofline import FULL_ROOFLINE, GOALS as ROOFLINE_GOALS, RooflineScale
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class BenchOptions:
     num_kv_blocks: int = 512  # 8192 token slots, 360 MiB for SmolLM2: room for 16 x 512
     baseline: bool = True
     events_cost: bool = True
+    roofline: RooflineScale | None = field(default_factory=lambda: FULL_ROOFLINE)  # None: skip
     seed: int = 0
     progress: bool = True
 
@@ -81,7 +83,7 @@ def run_bench(opts: BenchOptions) -> dict:
     if hf is not None:
         hf_warm_up(hf, pad_id)
     results: dict = {
-        "machine": {**machine_info(), "torch_threads": threads},
+        "machine": {**machine_info(), "torch_threads": threads, "omp_wait_policy": omp_wait_policy()},
         "config": {
             "model": loaded.spec.name, "scale": opts.scale_name, "max_num_seqs": opts.max_num_seqs,
             "baseline_batch_size": opts.max_num_seqs, "num_kv_blocks": opts.num_kv_blocks,
@@ -91,6 +93,10 @@ def run_bench(opts: BenchOptions) -> dict:
         },
         "workloads": {},
     }
+    if opts.roofline is not None:
+        from bench.roofline import run_roofline
+
+        results["roofline"] = run_roofline(loaded, opts.model, opts.roofline)
 
     def one(name, wl, system, **engine_kw):
         bar = bars(f"{name} · {system}", wl.num_output_tokens) if bars else None
@@ -197,7 +203,23 @@ def evaluate_targets(results: dict) -> list[dict]:
         ev = results["events_cost"]
         add("events: throughput loss, streaming + recording on vs off", ev["loss"], TARGETS["events_loss"],
             at_most=True, cpu_value=ev.get("loss_cpu_time"))
+    units = results.get("roofline", {}).get("units", {})
+    for unit, (ceiling, goal) in ROOFLINE_GOALS.items():
+        if unit in units:
+            u = units[unit]
+            what = "the GEMM FLOP ceiling" if ceiling == "flops" else "the weight-streaming limit"
+            add(f"roofline: {u['label']}, share of {what}", u[f"{ceiling}_fraction"], goal,
+                cpu_value=u.get(f"{ceiling}_fraction_cpu_time"))
     return out
+
+
+def omp_wait_policy() -> str:
+    """The OpenMP wait policy this process started with (libgomp reads it once, at load)."""
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    spin = os.environ.get("GOMP_SPINCOUNT")
+    if policy is None and spin is None:
+        return "libgomp default"
+    return ", ".join(f"{k}={v}" for k, v in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spin)) if v)
 
 
 def default_threads_env(threads: int | None) -> None:

@@ -4,7 +4,11 @@ The heavy parts (torch, the model) load lazily, so ``engine.core`` and
 ``engine.events`` stay importable without torch.
 """
 
-from engine.core.sampling_params import SamplingParams
+from engine.cpu_threads import set_default_wait_policy
+
+set_default_wait_policy()  # must run before anything imports torch (libgomp reads it once)
+
+from engine.core.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
 

@@ -33,8 +33,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "(paper / vLLM v0), prefix_cache = child requests sharing full prompt "
                    "blocks through the prefix cache (vLLM v1)")
     g.add_argument("--device", default="auto")
-    g.add_argument("--dtype", default="auto")
+    g.add_argument("--dtype", default="auto",
+                   help="auto, float32, bfloat16 (on the CPU: bf16 weights, float32 compute), float16")
+    g.add_argument("--quantization", default=None, choices=["int8"],
+                   help="int8: weight-only int8 linears with float32 compute (CPU; not the default)")
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    g.add_argument("--num-threads", type=int, default=None,
+                   help="CPU torch threads (default: every usable core; serve: see engine/cpu_threads.py)")
     g.add_argument("--seed", type=int, default=0)
 
 

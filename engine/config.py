@@ -35,6 +35,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     device: str = "auto"
     dtype: str = "auto"
+    quantization: str | None = None  # "int8": weight-only int8 linears, float32 compute (CPU)
+    num_threads: int | None = None  # CPU torch threads; None: engine/cpu_threads.py decides
     attention_backend: str = "auto"
     seed: int = 0
     trust_remote_code: bool = False
@@ -60,6 +62,10 @@ class EngineConfig:
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ConfigError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
+            raise ConfigError(f"num_threads must be a positive integer, got {self.num_threads!r}")
+        if self.quantization not in (None, "int8"):
+            raise ConfigError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         check_block_size(self.block_size)

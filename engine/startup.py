@@ -10,7 +10,6 @@ EngineConfig is never written back.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -39,34 +38,21 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def configure_cpu_threads() -> int:
+def configure_cpu_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op thread count for CPU inference; returns the count in use.
 
-    ``KVSCOPE_NUM_THREADS`` wins; an ``OMP_NUM_THREADS`` the user exported is left
-    alone. Otherwise, on a machine with at most 2 usable cores, one thread: measured
-    on the 2-core dev box (bench/RESULTS.md), OpenMP's second thread made a batch-16
-    decode step several times slower whenever anything else ran (its barrier waits
-    for a core that is busy), while one thread lost little even on a quiet box. With
-    more cores torch's own default is kept.
+    The policy (``num_threads``, then ``KVSCOPE_NUM_THREADS``, an exported
+    ``OMP_NUM_THREADS``, the per-use default) and its measurements are in
+    engine/cpu_threads.py.
     """
-    env = os.environ.get("KVSCOPE_NUM_THREADS")
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            raise ConfigError(f"KVSCOPE_NUM_THREADS must be a positive integer, got {env!r}") from None
-        if n < 1:
-            raise ConfigError(f"KVSCOPE_NUM_THREADS must be a positive integer, got {env!r}")
+    from engine.cpu_threads import thread_count
+
+    try:
+        n = thread_count(num_threads)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if n is not None and n != torch.get_num_threads():
         torch.set_num_threads(n)
-    elif "OMP_NUM_THREADS" not in os.environ and _usable_cores() <= 2:
-        torch.set_num_threads(1)
     return torch.get_num_threads()
 
 
@@ -118,10 +104,12 @@ def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events
     config that cannot run."""
     device = resolve_device(cfg.device)
     if device.type == "cpu":
-        configure_cpu_threads()
+        configure_cpu_threads(cfg.num_threads)
     if loaded is None:
+        if cfg.quantization is not None and device.type != "cpu":
+            raise ConfigError(f"quantization={cfg.quantization!r} is a CPU feature; on CUDA use dtype")
         loaded = load_model(cfg.model, dtype=cfg.dtype, device=device,
-                            trust_remote_code=cfg.trust_remote_code)
+                            trust_remote_code=cfg.trust_remote_code, quantization=cfg.quantization)
     spec = loaded.spec
     max_len = cfg.max_model_len or min(spec.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
     if max_len > spec.max_position_embeddings:  # as vLLM: positions past them give garbage

@@ -13,6 +13,9 @@ from engine.core.errors import SamplingParamsError
 # temperature this small would overflow float32 anyway.
 GREEDY_TEMPERATURE = 1e-5
 SEED_LIMIT = 1 << 64  # seeds feed a 64-bit generator: [0, 2**64)
+# vLLM's API takes any int64 seed (``ge=-2**63``), and torch's manual_seed maps a negative
+# seed s to s + 2**64; accepted here and stored that way, so both ends agree.
+SEED_MIN = -(1 << 63)
 MAX_N = 128  # samples per request; OpenAI's limit for n
 MAX_TOKENS_LIMIT = 1 << 20  # above any max_model_len one kvscope machine holds; bounds every count
 
@@ -77,9 +80,9 @@ class SamplingParams:
             (_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}"),
             (_is_int(self.top_k) and self.top_k >= 0, f"top_k must be >= 0 (0 or -1 = off), got {self.top_k!r}"),
             (_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}"),
-            (self.seed is None or (_is_int(self.seed) and 0 <= self.seed < SEED_LIMIT),
-             f"seed must be None or an integer in [0, 2**64 - 1] (it seeds a 64-bit generator), "
-             f"got {self.seed!r}"),
+            (self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed < SEED_LIMIT),
+             f"seed must be None or an integer in [-2**63, 2**64 - 1] (it seeds a 64-bit "
+             f"generator), got {self.seed!r}"),
             (self.max_tokens is None or (_is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_TOKENS_LIMIT),
              f"max_tokens must be None or an integer in [1, {MAX_TOKENS_LIMIT}], got {self.max_tokens!r}"),
             (_is_int(self.min_tokens) and 0 <= self.min_tokens <= MAX_TOKENS_LIMIT,
@@ -95,6 +98,8 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise SamplingParamsError(message)
+        if self.seed is not None and self.seed < 0:
+            self.seed %= SEED_LIMIT  # two's complement, as torch.Generator.manual_seed reads it
 
     @property
     def greedy(self) -> bool:

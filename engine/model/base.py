@@ -55,6 +55,15 @@ class CausalLM(nn.Module, abc.ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [R, vocab] for selected hidden rows [R, hidden]."""
 
+    def reduce_precision(self, fmt: str) -> None:
+        """Store every linear weight as ``fmt`` ("int8" or "bfloat16"; CPU, float32
+        compute). Families whose lm_head is not a Linear extend this."""
+        from engine.model.layers import Linear
+
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.reduce_precision(fmt)
+
     def load_weights(self, get: TensorGetter, dtype: torch.dtype) -> None:
         """Fill every parameter from HF tensors, cast to `dtype`; raise on gaps."""
         params = dict(self.named_parameters())

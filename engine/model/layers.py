@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -45,6 +46,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if x.dtype == torch.float32 and x.device.type == "cpu":
+            # one dispatch instead of seven; on the CPU in float32 torch's rms_norm runs
+            # the same ops in the same order (bitwise equal: tests/model_fast)
+            return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -110,12 +115,35 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, hd]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> "RopeTables":
+        """The step's tables, shaped to broadcast over heads, built once for all layers."""
+        cos, sin = self.cos_sin(positions, dtype)
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2), exactly (negation is exact)
+        signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return RopeTables(cos[:, None, :], signed[:, None, :], half)
+
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, hd] rotated by cos/sin [T, hd]."""
+        """x [T, heads, hd] rotated by cos/sin [T, hd] (the transformers formula)."""
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+@dataclass(frozen=True, slots=True)
+class RopeTables:
+    """cos and sign-folded sin [T, 1, head_dim] of one step; written by RotaryEmbedding.tables."""
+
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+    half: int
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """``RotaryEmbedding.apply(x, cos, sin)``, bitwise, in four ops instead of seven;
+        ``x`` [T, heads, hd] may be a strided view (q and k heads of the fused QKV at once)."""
+        swapped = torch.cat((x[..., self.half:], x[..., :self.half]), dim=-1)
+        return x * self.cos + swapped * self.signed_sin
 
 
 # Small-batch float32 GEMMs on the CPU (decode steps: one row per running sequence)
@@ -123,6 +151,10 @@ class RotaryEmbedding(nn.Module):
 # 2-core AVX2 dev box at 16 rows, 1.2x (gate/up) to 1.6x (the 49152-row lm_head)
 # faster than F.linear's MKL path; at hundreds of rows (prefill) the two are equal,
 # so bigger batches keep F.linear. The packed copy doubles the weights' memory.
+# Below 4 rows MKL's matrix-vector path wins instead: every linear weight of SmolLM2
+# once, CPU time, 1 thread: 1 row 44 ms F.linear vs 58 ms packed, 3 rows 50 vs 61,
+# 4 rows 85 vs 61 (MKL leaves its gemv path); 2 threads alike (bench/RESULTS.md).
+PACKED_MIN_ROWS = 4
 PACKED_MAX_ROWS = 64
 
 
@@ -151,7 +183,7 @@ class PackedWeightCache:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, through the packed weight when that is faster."""
-        if (x.dim() != 2 or x.shape[0] > PACKED_MAX_ROWS or x.device.type != "cpu"
+        if (x.dim() != 2 or not PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS or x.device.type != "cpu"
                 or x.dtype != torch.float32 or weight.dtype != torch.float32 or self.failed):
             return F.linear(x, weight, bias)
         packed = self._get(weight)
@@ -183,18 +215,54 @@ class Linear(nn.Module):
     Fused projections (QKV, gate/up) are simply a Linear whose weight is several HF
     weights concatenated along the output dim; one GEMM instead of two or three.
     Small batches on the CPU go through a packed copy of the weight (see above).
+    After ``reduce_precision`` the weight lives as int8 or bfloat16 instead
+    (kernels/cpu_linear.py) and the float32 parameter is dropped.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
+        self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = (
             nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         )
         self.packed = PackedWeightCache()
+        self.reduced = None  # kernels.cpu_linear.Int8Weight / BF16Weight; written by reduce_precision
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.reduced is not None:
+            return self.reduced.linear(x, self.bias)
         return self.packed.linear(x, self.weight, self.bias)
+
+    def reduce_precision(self, fmt: str) -> None:
+        """Store the weight as ``fmt`` ("int8" or "bfloat16"), computed in float32."""
+        self.reduced = reduced_weight(self.weight, fmt)
+        self.weight = nn.Parameter(torch.empty(0), requires_grad=False)  # free the float32 copy
+
+    @property
+    def num_weights(self) -> int:
+        return self.in_features * self.out_features
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weight one forward reads (the packed copy, if used, is the same size)."""
+        if self.reduced is not None:
+            return self.reduced.nbytes
+        return self.weight.numel() * self.weight.element_size()
+
+
+REDUCED_FORMATS = ("int8", "bfloat16")
+
+
+def reduced_weight(weight: torch.Tensor, fmt: str):
+    """``weight`` [N, K] as an int8 / bfloat16 weight of kernels.cpu_linear (CPU only)."""
+    from kernels.cpu_linear import WEIGHT_FORMATS
+
+    if fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; use one of {REDUCED_FORMATS}")
+    if weight.device.type != "cpu":
+        raise ValueError("reduced-precision weights are a CPU feature; on CUDA use dtype bfloat16")
+    return WEIGHT_FORMATS[fmt].from_float(weight)
 
 
 class LayerNorm(nn.Module):

@@ -17,7 +17,8 @@ from engine.model.attention import AttentionBackend, AttentionMetadata
 from engine.model.base import CausalLM, empty_param
 from engine.model.kv_cache import KVCache
 from engine.model.layers import (
-    Linear, PackedWeightCache, RMSNorm, RotaryEmbedding, activation, rope_settings,
+    Linear, PackedWeightCache, RMSNorm, RopeTables, RotaryEmbedding, activation, reduced_weight,
+    rope_settings,
 )
 
 
@@ -89,8 +90,7 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, head_dim]
-        sin: torch.Tensor,
+        rope: RopeTables,
         meta: AttentionMetadata,
         kv_cache: KVCache,
         backend: AttentionBackend,
@@ -98,10 +98,11 @@ class LlamaDecoderLayer(nn.Module):
         d, T = self.d, h.shape[0]
         q_size, kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
         qkv = self.qkv_proj(self.input_layernorm(h))  # [T, q_size + 2 * kv_size]
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = RotaryEmbedding.apply(q.view(T, d.num_heads, d.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(k.view(T, d.num_kv_heads, d.head_dim), cos, sin)
-        v = v.reshape(T, d.num_kv_heads, d.head_dim).contiguous()
+        # q and k heads rotated together (one strided view of the fused output), then
+        # split back as views; v stays a view too (the cache write copies it)
+        qk = rope.apply(qkv[:, : q_size + kv_size].view(T, d.num_heads + d.num_kv_heads, d.head_dim))
+        q, k = qk[:, : d.num_heads], qk[:, d.num_heads:]
+        v = qkv[:, q_size + kv_size:].view(T, d.num_kv_heads, d.head_dim)
         key_cache, value_cache = kv_cache
         backend.write_kv(k, v, key_cache, value_cache, meta)
         attn = backend.attend(q, key_cache, value_cache, meta, self.scale)  # [T, heads, hd]
@@ -125,6 +126,7 @@ class LlamaForCausalLM(CausalLM):
         self.norm = RMSNorm(d.hidden, d.rms_eps)
         self.lm_head = None if d.tied else empty_param(d.vocab, d.hidden)
         self.logits_packed = PackedWeightCache()  # the lm_head is the largest GEMM of a decode
+        self.logits_reduced = None  # int8 / bf16 lm_head after reduce_precision
 
     def weight_sources(self) -> dict[str, list[str]]:
         d = self.d
@@ -163,12 +165,23 @@ class LlamaForCausalLM(CausalLM):
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"need {self.num_layers} KV caches, got {len(kv_caches)}")
         h = self.embed_tokens[input_ids]  # [T, hidden]
-        cos, sin = self.rotary.cos_sin(positions, h.dtype)  # [T, head_dim] each
+        rope = self.rotary.tables(positions, h.dtype)  # shared by every layer
         for layer, kv_cache in zip(self.layers, kv_caches):
-            h = layer(h, cos, sin, meta, kv_cache, backend)
+            h = layer(h, rope, meta, kv_cache, backend)
         return self.norm(h)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.logits_reduced is not None:
+            return self.logits_reduced.linear(hidden, None)
         weight = self.embed_tokens if self.lm_head is None else self.lm_head
         return self.logits_packed.linear(hidden, weight, None)  # [R, vocab]
+
+    def reduce_precision(self, fmt: str) -> None:
+        """Every linear and the lm_head as ``fmt``; a tied embedding keeps its float32
+        rows for lookups (one row per token: not what a step streams)."""
+        super().reduce_precision(fmt)
+        weight = self.embed_tokens if self.lm_head is None else self.lm_head
+        self.logits_reduced = reduced_weight(weight, fmt)
+        if self.lm_head is not None:
+            self.lm_head = nn.Parameter(torch.empty(0), requires_grad=False)

@@ -42,6 +42,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     weights_dir: Path  # the HF directory the weights were read from
+    weight_format: str = "float32"  # how linear weights are stored: float32 / bfloat16 / int8 (CPU)
 
 
 def resolve_model_dir(model: str, cache_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
@@ -61,11 +62,27 @@ def resolve_model_dir(model: str, cache_dir: str | os.PathLike | None = None) ->
     )
 
 
+def resolve_weight_format(dtype: str | torch.dtype, quantization: str | None, device: torch.device) -> str:
+    """How the linear weights are stored: "float32" (the default), or on the CPU
+    "bfloat16" (``dtype="bfloat16"``) or "int8" (``quantization="int8"``), both computed
+    in float32 (kernels/cpu_linear.py). On CUDA ``dtype`` is the compute dtype as usual."""
+    if quantization not in (None, "int8"):
+        raise ValueError(f"unknown quantization {quantization!r}; use None or 'int8'")
+    if quantization is not None:
+        if device.type != "cpu":
+            raise ValueError("quantization='int8' is a CPU feature (weight-only int8 linears)")
+        return "int8"
+    if device.type == "cpu" and dtype in ("bfloat16", "bf16", torch.bfloat16):
+        return "bfloat16"
+    return "float32"
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device, config: Any) -> torch.dtype:
     """"auto": float32 on CPU; on CUDA the config's half dtype, else bfloat16.
 
-    Half precision on CPU is slow and poorly supported by torch's CPU kernels, so it
-    falls back to float32 with a warning.
+    Half precision compute on CPU is slow and poorly supported by torch's CPU kernels,
+    so it falls back to float32 with a warning (bfloat16 never gets here on the CPU: it
+    means bf16 weight storage, see resolve_weight_format).
     """
     if isinstance(dtype, str) and dtype != "auto":
         if dtype not in _DTYPES:
@@ -147,23 +164,30 @@ def load_model(
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
     cache_dir: str | os.PathLike | None = None,
+    quantization: str | None = None,
 ) -> LoadedModel:
-    """Load weights, tokenizer and config; the model is ready for paged forwards."""
+    """Load weights, tokenizer and config; the model is ready for paged forwards.
+
+    ``quantization="int8"`` or ``dtype="bfloat16"`` on the CPU store the linear
+    weights in that format and compute in float32 (kernels/cpu_linear.py)."""
     from transformers import AutoConfig, AutoTokenizer
 
     device = torch.device(device)
+    weight_format = resolve_weight_format(dtype, quantization, device)
     weights_dir, name = resolve_model_dir(model, cache_dir)
     config = AutoConfig.from_pretrained(str(weights_dir), trust_remote_code=trust_remote_code)
     cls = model_class(config)  # raises for unsupported architectures before any work
-    torch_dtype = resolve_dtype(dtype, device, config)
-    logger.info("loading %s (%s) from %s as %s on %s", name, config.model_type,
-                weights_dir, torch_dtype, device)
+    torch_dtype = resolve_dtype("float32" if weight_format != "float32" else dtype, device, config)
+    logger.info("loading %s (%s) from %s as %s on %s%s", name, config.model_type, weights_dir,
+                torch_dtype, device, "" if weight_format == "float32" else f", {weight_format} weights")
     net = cls(config)
     with open_checkpoint(weights_dir) as get:
         net.load_weights(get, torch_dtype)
     net = net.to(device).eval()
+    if weight_format != "float32":
+        net.reduce_precision(weight_format)
     tokenizer = AutoTokenizer.from_pretrained(
         str(weights_dir), trust_remote_code=trust_remote_code
     )
     spec = build_spec(name, config, net, tokenizer, weights_dir)
-    return LoadedModel(net, tokenizer, config, spec, torch_dtype, device, weights_dir)
+    return LoadedModel(net, tokenizer, config, spec, torch_dtype, device, weights_dir, weight_format)

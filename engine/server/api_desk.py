@@ -34,6 +34,7 @@ from typing import ClassVar
 
 from engine.core.sampling_params import SamplingParams
 from engine.openai.choices import Update
+from engine.openai.context_length import check_fits
 from engine.openai.errors import ApiError, from_engine
 from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError
@@ -154,6 +155,13 @@ def _stopping() -> ApiError:
     return ApiError(503, "the server is shutting down", "server_error", None, ErrorCode.SHUTTING_DOWN)
 
 
+def _prepare(prep: PromptPrep, op: Submit) -> Prepared:
+    """``op`` tokenized, then held to vLLM's context-length rule (a worker thread)."""
+    prepared = prep.tokenized(op)
+    check_fits(len(prepared.token_ids), op.params.max_tokens, prep.max_model_len)
+    return prepared
+
+
 def raise_refusal(err: Error) -> None:
     """The engine's refusal as the HTTP error, naming the parameter where it can: the
     prompt that does not fit, or the sampling field a check at admission refused
@@ -186,7 +194,7 @@ class ApiDesk:
         if prep is None:
             return op
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.workers, prep.prepare, op)
+            return await asyncio.get_running_loop().run_in_executor(self.workers, _prepare, prep, op)
         except ProtocolError as exc:
             raise_refusal(Error.from_exc(exc))
         except RuntimeError:  # the pool is shut down: the server is stopping

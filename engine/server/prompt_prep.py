@@ -67,6 +67,19 @@ class PromptPrep:
 
     def prepare(self, op: Submit) -> Prepared:
         """Check and tokenize ``op``'s prompt; raises ProtocolError with the request id."""
+        prepared = self.tokenized(op)
+        n = len(prepared.token_ids)
+        if n >= self.max_model_len:
+            raise ProtocolError(ErrorCode.PROMPT_TOO_LONG, f"the prompt has {n} tokens, "
+                                f"{n - self.max_model_len + 1} more than fit: max_model_len is "
+                                f"{self.max_model_len} and room is needed for at least one "
+                                f"generated token; shorten the prompt or raise max_model_len",
+                                op.request_id, op.type)
+        return prepared
+
+    def tokenized(self, op: Submit) -> Prepared:
+        """Every check of ``prepare`` but the token count (the OpenAI API words that one
+        as vLLM does: ``engine.openai.context_length``)."""
         rid = op.request_id
 
         def refuse(code: str, message: str) -> ProtocolError:
@@ -93,11 +106,6 @@ class PromptPrep:
             raise
         except Exception as exc:  # a template or tokenizer that rejects this input
             raise refuse(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}") from None
-        if len(ids) >= self.max_model_len:
-            raise refuse(ErrorCode.PROMPT_TOO_LONG, f"the prompt has {len(ids)} tokens, "
-                         f"{len(ids) - self.max_model_len + 1} more than fit: max_model_len is "
-                         f"{self.max_model_len} and room is needed for at least one generated "
-                         f"token; shorten the prompt or raise max_model_len")
         return Prepared(op, text, ids)
 
     def _tokenize(self, op: Submit) -> tuple[str | None, list[int]]:

@@ -9,12 +9,16 @@ import pytest
 
 from bench import workloads as W
 from bench.report import BEGIN, END, render_markdown, update_results_md, write_json
+from bench.roofline import RooflineScale, decode_step_work, model_costs, prefill_work
 from bench.suite import BenchOptions, run_bench
 
 TINY = W.Scale(mixed_requests=6, mixed_prompt_median=12, mixed_prompt_range=(4, 40),
                mixed_output_median=6, mixed_output_range=(2, 12), shared_requests=5,
                shared_prefix_tokens=40, shared_output_range=(3, 6), long_prompt_tokens=120, events_max_tokens=8,
                short_requests=3, long_short_output=4)
+
+TINY_ROOFLINE = RooflineScale(decode_batches=(4, 1), decode_steps={4: 2, 1: 3}, prompt_len=16,
+                              prefill_tokens=64, prefill_repeats=1)
 
 METRICS = ("output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "e2e_s", "peak_rss_mib",
            "kv_reserved_mib", "kv_used_peak_mib")
@@ -23,7 +27,7 @@ METRICS = ("output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "e2e_
 @pytest.fixture(scope="module")
 def results(tiny_llama):
     opts = BenchOptions(model=tiny_llama, scale=TINY, scale_name="tiny", max_num_seqs=4,
-                        num_kv_blocks=128, progress=False)
+                        num_kv_blocks=128, roofline=TINY_ROOFLINE, progress=False)
     return run_bench(opts)
 
 
@@ -67,6 +71,43 @@ def test_events_cost_ran_both_modes(results):
     assert len(ev["loss_engine_thread_per_pass"]) == 3 and ev["pairs"] > 0
     assert -1 < ev["loss"] < 1
     assert ev["rows_recorded"] > 0 and ev["recorder_ok"]
+
+
+def test_model_costs_come_from_the_shapes(tiny_llama):
+    from engine.model.loader import load_model
+
+    loaded = load_model(tiny_llama)
+    c = loaded.hf_config
+    hd = c.hidden_size // c.num_attention_heads
+    q, kv = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    costs = model_costs(loaded)
+    assert costs.linear_weights == c.num_hidden_layers * per_layer
+    assert costs.lm_head_weights == c.vocab_size * c.hidden_size
+    assert costs.decode_flops_per_token == 2 * (costs.linear_weights + costs.lm_head_weights)
+    assert costs.weight_bytes == 4 * (costs.linear_weights + costs.lm_head_weights)  # float32
+    assert costs.attn_flops_per_ctx == 4 * q * c.num_hidden_layers
+    assert costs.kv_bytes_per_ctx == 2 * kv * c.num_hidden_layers * 4
+    flops, nbytes = decode_step_work(costs, batch=3, context=10)
+    assert flops == 3 * (costs.decode_flops_per_token + 10 * costs.attn_flops_per_ctx)
+    assert nbytes == costs.weight_bytes + 3 * 10 * costs.kv_bytes_per_ctx
+    flops, _ = prefill_work(costs, 8)  # lm_head for the one sampled row, causal attention
+    assert flops == 2 * costs.linear_weights * 8 + 2 * costs.lm_head_weights + costs.attn_flops_per_ctx * 36
+
+
+def test_roofline_rows_and_targets(results):
+    roof = results["roofline"]
+    assert roof["ceilings"]["gemm_gflops"] > 0 and roof["ceilings"]["read_gbps"] > 0
+    assert set(roof["units"]) == {"decode_4", "decode_1", "prefill_64"}
+    d4 = roof["units"]["decode_4"]
+    assert d4["steps"] == 2 and d4["context"] == 17.5  # 16-token prompts: contexts 17, 18
+    assert d4["tokens_per_s"] == 4 / d4["median_step_s"]
+    for u in roof["units"].values():
+        assert 0 < u["flops_fraction"] and 0 < u["bytes_fraction"]
+        assert u["roofline_fraction"] == max(u["flops_fraction"], u["bytes_fraction"])
+    targets = {t["target"] for t in results["targets"]}
+    assert any(t.startswith("roofline: 1-sequence decode") for t in targets)  # decode_64 not run here
+    assert "#### roofline" in render_markdown(results)
 
 
 def test_report_keeps_other_sections(results, tmp_path):

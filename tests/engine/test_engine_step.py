@@ -112,7 +112,7 @@ def test_admission_is_atomic_and_a_bad_seed_is_refused_at_the_boundary(tiny_llam
     every later step raised. Now it never gets past SamplingParams; a top_k the vocabulary
     cannot hold is refused by the engine; neither leaves anything behind."""
     eng = _engine(tiny_llama)
-    with pytest.raises(SamplingParamsError, match=r"seed must be None or an integer in \[0, 2\*\*64 - 1\]"):
+    with pytest.raises(SamplingParamsError, match=r"seed must be None or an integer in \[-2\*\*63, 2\*\*64 - 1\]"):
         SamplingParams.from_dict({"temperature": 1, "seed": 18446744073709551616, "max_tokens": 4})
     with pytest.raises(SamplingParamsError, match="top_k must be at most the vocabulary size"):
         eng.add_request("hi", SamplingParams(temperature=1, top_k=2**63), request_id="k")
@@ -132,11 +132,19 @@ def test_admission_is_atomic_and_a_bad_seed_is_refused_at_the_boundary(tiny_llam
     ({"max_tokens": 2**20 + 1}, "max_tokens must be None or an integer in"),
     ({"min_tokens": -1}, "min_tokens must be an integer in"),
     ({"min_tokens": 5, "max_tokens": 4}, "must not exceed max_tokens"),
-    ({"seed": -1}, "seed must be None or an integer"),
+    ({"seed": -2**63 - 1}, "seed must be None or an integer"),
+    ({"seed": 2**64}, "seed must be None or an integer"),
 ])
 def test_sampling_params_bound_every_count(bad, match):
     with pytest.raises(SamplingParamsError, match=match):
         SamplingParams(**bad)
+
+
+def test_negative_seeds_are_their_64_bit_twos_complement():
+    # vLLM's API takes int64 seeds; torch seeds -1 as 2**64 - 1, and so does kvscope
+    assert SamplingParams(seed=-1).seed == 2**64 - 1
+    assert SamplingParams(seed=-2**63).seed == 2**63
+    assert SamplingParams(seed=7).seed == 7
 
 
 def test_one_step_clock(tiny_llama):

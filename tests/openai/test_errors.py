@@ -54,19 +54,59 @@ def test_bad_parameters_are_400_naming_the_parameter(client):
 
 
 def test_prompt_longer_than_max_model_len_says_by_how_much(client):
+    # vLLM's sentence word for word (clients parse it), plus by how much
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="llama", prompt="x" * 70)
     err = _body(e.value)
-    assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
-    assert "70 tokens, 7 more than fit" in err["message"] and "max_model_len is 64" in err["message"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "input_tokens"
+    assert err["message"] == (
+        "This model's maximum context length is 64 tokens. However, your request has 70 input "
+        "tokens. Please reduce the length of the input messages. It is 7 tokens too long: room "
+        "is needed for at least one generated token. (parameter=input_tokens, value=70)")
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "y" * 80}])
-    assert "more than fit" in _body(e.value)["message"]
+    assert "However, your request has" in _body(e.value)["message"]
     # one prompt of a list too long: the others are not left running
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="llama", prompt=["fine", "x" * 70], max_tokens=40,
                                   extra_body=NO_EOS)
     _still_serves(client)
+
+
+def test_max_tokens_past_the_context_is_400_in_vllms_words(client):
+    # 10 prompt tokens + 60 > 64: vLLM refuses an explicit budget that cannot fit
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llama", prompt=list(range(3, 13)), max_tokens=60)
+    err = _body(e.value)
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    assert err["message"] == (
+        "'max_tokens' or 'max_completion_tokens' is too large: 60. This model's maximum context "
+        "length is 64 tokens and your request has 10 input tokens (60 > 64 - 10). "
+        "(parameter=max_tokens, value=60)")
+    # chat's max_completion_tokens is the same budget
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="llama", messages=CHAT, max_completion_tokens=64)
+    assert _body(e.value)["param"] == "max_tokens"
+    # exactly filling the context is fine, and so is no budget at all (chat): the engine
+    # stops at max_model_len with "length", as vLLM clamps an absent max_tokens
+    r = client.completions.create(model="llama", prompt=list(range(3, 13)), max_tokens=54,
+                                  extra_body=NO_EOS, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 54
+    r = client.chat.completions.create(model="llama", messages=CHAT, extra_body=NO_EOS,
+                                       temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == 64
+    _still_serves(client)
+
+
+def test_negative_seeds_are_accepted_as_vllm_does(client):
+    # vLLM takes any int64 seed; -1 seeds the generator as 2**64 - 1 does (torch's rule)
+    kw = dict(model="llama", prompt="seed", max_tokens=6, temperature=1.0, extra_body=NO_EOS)
+    a = client.completions.create(seed=-1, **kw).choices[0].text
+    assert client.completions.create(seed=2**64 - 1, **kw).choices[0].text == a
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(seed=-2**63 - 1, **kw)
+    assert _body(e.value)["param"] == "seed"
 
 
 def test_prompts_are_prepared_off_the_engine_thread(server, client):
@@ -78,13 +118,13 @@ def test_prompts_are_prepared_off_the_engine_thread(server, client):
         time.sleep(0.01)
     prep = server.hub.prep
     seen: list[str] = []
-    real = prep.prepare
+    real = prep.tokenized  # prepare (websocket) and the API's preparation both call it
 
     def spy(op):
         seen.append(threading.current_thread().name)
         return real(op)
 
-    prep.prepare = spy
+    prep.tokenized = spy
     client.completions.create(model="llama", prompt=["one", "two"], extra_body=NO_EOS, **GREEDY)
     client.chat.completions.create(model="llama", messages=CHAT, extra_body=NO_EOS, **GREEDY)
     assert len(seen) == 3 and all(name.startswith("kvscope-prep") for name in seen), seen

@@ -11,7 +11,8 @@ from tests.openai.test_errors import TOKEN
 
 
 def test_python_snippet_runs(api_server, capsys, monkeypatch):
-    server = api_server(token=TOKEN)
+    # the snippet asks for 64 tokens after its prompt: more context than the tests' 64
+    server = api_server(token=TOKEN, engine={"max_model_len": 128})
     monkeypatch.setenv("KVSCOPE_TOKEN", TOKEN)
     exec(compile(python_snippet(server.http_url, "llama", token=True), "<snippet>", "exec"), {})
     out = capsys.readouterr().out

@@ -1,0 +1,211 @@
+"""Reduced-precision weights for CPU linears: int8 (grouped scales) or bfloat16 storage,
+float32 compute. Optional (``quantization="int8"`` / ``dtype="bfloat16"`` on the CPU),
+never the default.
+
+Why: a batch-1 decode step reads every weight once and does two FLOPs with it, so its
+speed is the memory bandwidth over the weight bytes. Stored as int8 (1 byte + a float32
+scale and offset per 32 weights: 1.25 bytes) or bf16 (2 bytes) instead of float32 (4),
+the same step reads 3.2x or 2x fewer bytes. The activations, every product and every sum stay
+float32: weights are widened in registers (kernels/cpu_linear.cpp).
+
+- Few rows (decode): the C++ kernel reads each weight row once for all rows of x.
+- Many rows (prefill): the weight is dequantized into a reused float32 scratch matrix
+  and multiplied by F.linear (MKL), which is faster there than the kernel's loop.
+
+int8 quantization works per group of 32 consecutive weights along K, w = q * scale +
+offset with q in [-128, 127], each group taking the better (smaller largest error) of:
+
+- symmetric, as llama.cpp's Q8_0: scale = max |w| / 127, offset 0;
+- affine, as Q4_1 / Q8_1: scale = (max - min) / 255, offset = min + 128 * scale.
+
+So weights that came from a GGUF come back (almost) exactly: a Q8_0 group (SmolLM2's
+embeddings, tied to its lm_head) is scale * q already, and a Q4_1 group (its other
+linears) holds 16 levels d apart from min to min + 15 d, which an affine step of
+15 d / 255 = d / 17 hits on every 17th level (up to float rounding).
+
+The extension is compiled on first use (torch.utils.cpp_extension; needs a C++
+compiler and ninja; ~1 minute, then cached under ~/.cache/torch_extensions).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+GROUP = 32
+# Up to this many rows the kernel beats dequantize + F.linear: every linear weight of
+# SmolLM2 once, 1 thread, CPU ms (box loaded): int8 at 8 rows 71 (kernel) vs 162, at 16
+# 145 vs 166, at 32 344 vs 231; bf16 at 8 95 vs 176, at 16 180 vs 169.
+INT8_KERNEL_MAX_ROWS = 16
+BF16_KERNEL_MAX_ROWS = 12
+
+_ext = None
+_ext_lock = threading.Lock()
+
+
+class KernelUnavailableError(RuntimeError):
+    """The C++ kernels could not be built or loaded here."""
+
+
+def extension():
+    """The compiled kernels (built once per machine, then loaded from the cache)."""
+    global _ext
+    if _ext is None:
+        with _ext_lock:
+            if _ext is None:
+                from torch.utils import cpp_extension
+
+                _ninja_on_path()
+                src = Path(__file__).with_name("cpu_linear.cpp")
+                try:
+                    _ext = cpp_extension.load(name="kvscope_cpu_linear", sources=[str(src)],
+                                              extra_cflags=["-O3", "-march=native", "-ffp-contract=off"],
+                                              verbose=False)
+                except Exception as exc:  # noqa: BLE001 (compiler missing, build error, ...)
+                    raise KernelUnavailableError(
+                        f"reduced-precision CPU weights need the C++ kernels in {src.name}, which failed "
+                        f"to build ({type(exc).__name__}: {exc}); they need a C++ compiler and ninja. "
+                        "Use the default float32 weights instead.") from exc
+    return _ext
+
+
+def missing_compiler() -> str | None:
+    """Why the kernels cannot be built here, when that is because no C++ compiler is
+    installed (torch's builder runs ``$CXX``, default ``c++``); None when there is one."""
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler: {cxx!r} is not on PATH (install g++ to build kernels/cpu_linear.cpp)"
+    return None
+
+
+def _grid(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, lo: int, hi: int):
+    """(q, largest |error| per group) of ``groups`` on the grid q * scale + offset."""
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))[..., None]
+    q = torch.round((groups - offsets[..., None]) / safe).clamp_(lo, hi)
+    err = (q * scales[..., None] + offsets[..., None] - groups).abs().amax(dim=-1)
+    return q, err
+
+
+def _ninja_on_path() -> None:
+    """torch's extension builder runs ``ninja`` from PATH; the pip-installed one sits next
+    to this Python, which is not on PATH unless the virtualenv is activated."""
+    bindir = Path(sys.executable).parent
+    if shutil.which("ninja") is None and (bindir / "ninja").exists():
+        os.environ["PATH"] = f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(int8 q [N, K], float32 scales and offsets [N, K / 32]) for a float [N, K] weight."""
+    n, k = weight.shape
+    if k % GROUP:
+        raise ValueError(f"int8 weights need in_features divisible by {GROUP}, got {k}")
+    groups = weight.detach().float().reshape(n, k // GROUP, GROUP)
+    zero = torch.zeros(n, k // GROUP)
+    sym_scale = groups.abs().amax(dim=-1) / 127.0
+    q_sym, err_sym = _grid(groups, sym_scale, zero, -127, 127)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
+    aff_scale = (hi - lo) / 255.0
+    aff_offset = lo + 128.0 * aff_scale
+    q_aff, err_aff = _grid(groups, aff_scale, aff_offset, -128, 127)
+    affine = err_aff < err_sym
+    q = torch.where(affine[..., None], q_aff, q_sym).to(torch.int8)
+    scales = torch.where(affine, aff_scale, sym_scale)
+    offsets = torch.where(affine, aff_offset, zero)
+    return q.reshape(n, k).contiguous(), scales.contiguous(), offsets.contiguous()
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The float32 weight an int8 weight stands for (exactly what the kernels use:
+    a multiply, then an add)."""
+    n, k = q.shape
+    g = q.reshape(n, k // GROUP, GROUP).float() * scales[..., None]
+    return (g + offsets[..., None]).reshape(n, k)
+
+
+class _Scratch:
+    """One reused float32 matrix per weight shape, for the many-rows path. Per thread,
+    so two engines in one process never share one mid-GEMM."""
+
+    _local = threading.local()
+
+    @classmethod
+    def get(cls, shape: tuple[int, int]) -> torch.Tensor:
+        bufs = getattr(cls._local, "bufs", None)
+        if bufs is None:
+            bufs = cls._local.bufs = {}
+        buf = bufs.get(shape)
+        if buf is None:
+            buf = bufs[shape] = torch.empty(shape)
+        return buf
+
+
+@dataclass(frozen=True, eq=False)
+class Int8Weight:
+    """An int8 weight with grouped scales and offsets; written once by ``from_float``."""
+
+    q: torch.Tensor  # int8 [N, K]
+    scales: torch.Tensor  # float32 [N, K / 32]
+    offsets: torch.Tensor  # float32 [N, K / 32]; 0 for symmetric groups
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> "Int8Weight":
+        return cls(*quantize_int8(weight))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + 4 * (self.scales.numel() + self.offsets.numel())
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize_int8(self.q, self.scales, self.offsets)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x = x.contiguous()
+        if x.shape[0] <= INT8_KERNEL_MAX_ROWS:
+            return extension().int8_linear(x, self.q, self.scales, self.offsets, bias)
+        w = _Scratch.get(self.shape)
+        extension().int8_dequantize(self.q, self.scales, self.offsets, w)
+        return F.linear(x, w, bias)
+
+
+@dataclass(frozen=True, eq=False)
+class BF16Weight:
+    """A bfloat16 weight computed in float32; written once by ``from_float``."""
+
+    w: torch.Tensor  # bfloat16 [N, K]
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> "BF16Weight":
+        return cls(weight.detach().to(torch.bfloat16).contiguous())
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.w.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.numel() * self.w.element_size()
+
+    def dequantize(self) -> torch.Tensor:
+        return self.w.float()
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x = x.contiguous()
+        if x.shape[0] <= BF16_KERNEL_MAX_ROWS:
+            return extension().bf16_linear(x, self.w, bias)
+        w = _Scratch.get(self.shape)
+        w.copy_(self.w)  # bf16 -> float32 widening is exact
+        return F.linear(x, w, bias)
+
+
+WEIGHT_FORMATS = {"int8": Int8Weight, "bfloat16": BF16Weight}

@@ -1,0 +1,106 @@
+"""Reduced-precision CPU weights (kernels/cpu_linear.py): int8 with grouped scales and
+bfloat16, float32 compute. The C++ kernels are built on first use."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_linear as C
+from engine.model.layers import Linear
+
+
+@pytest.fixture(scope="module")
+def ext(cpu_kernels):
+    return cpu_kernels
+
+
+def _weight(n, k, seed=0):
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def test_int8_roundtrip_is_exact_for_q8_0_weights():
+    # llama.cpp's Q8_0: w = d * q per 32 weights, |q| <= 127 and one |q| == 127 per group
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randint(-127, 128, (8, 4, 32), generator=gen, dtype=torch.int32)
+    q[:, :, 0] = 127
+    d = torch.rand(8, 4, 1, generator=gen) * 0.01
+    w = (q.float() * d).reshape(8, 128)
+    qi, scales, offsets = C.quantize_int8(w)
+    assert torch.equal(qi.reshape(8, 4, 32).int(), q) and not offsets.any()
+    torch.testing.assert_close(C.dequantize_int8(qi, scales, offsets), w, rtol=2e-7, atol=0)
+
+
+def test_int8_roundtrip_is_near_exact_for_q4_1_weights():
+    # llama.cpp's Q4_1: w = m + d * q per 32 weights, q in 0..15 with both ends used
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randint(0, 16, (8, 4, 32), generator=gen)
+    q[:, :, 0], q[:, :, 1] = 0, 15
+    d = torch.rand(8, 4, 1, generator=gen) * 0.01
+    m = -torch.rand(8, 4, 1, generator=gen) * 0.05
+    w = (m + d * q.float()).reshape(8, 128)
+    qi, scales, offsets = C.quantize_int8(w)
+    assert offsets.all()  # every group took the affine grid
+    err = (C.dequantize_int8(qi, scales, offsets) - w).abs().reshape(8, 4, 32)
+    # float rounding only (a few ulp of the group's largest weight), not half a step
+    ulp = torch.finfo(torch.float32).eps * w.reshape(8, 4, 32).abs().amax(-1, keepdim=True)
+    assert bool((err <= 8 * ulp).all())
+
+
+def test_int8_error_is_at_most_half_a_step():
+    w = _weight(16, 96)
+    q, scales, offsets = C.quantize_int8(w)
+    assert q.dtype == torch.int8 and scales.shape == offsets.shape == (16, 3)
+    err = (C.dequantize_int8(q, scales, offsets) - w).abs().reshape(16, 3, 32)
+    assert bool((err <= scales[..., None] / 2 * (1 + 1e-5)).all())
+    assert torch.equal(C.quantize_int8(torch.zeros(2, 32))[0], torch.zeros(2, 32, dtype=torch.int8))
+    with pytest.raises(ValueError, match="divisible by 32"):
+        C.quantize_int8(torch.zeros(2, 40))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 9, C.INT8_KERNEL_MAX_ROWS, C.INT8_KERNEL_MAX_ROWS + 1, 70])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_matches_its_dequantized_weight(ext, rows, bias):
+    w8 = C.Int8Weight.from_float(_weight(200, 160))
+    b = torch.randn(200) if bias else None
+    x = torch.randn(rows, 160)
+    torch.testing.assert_close(w8.linear(x, b), F.linear(x, w8.dequantize(), b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 9, C.BF16_KERNEL_MAX_ROWS + 3])
+@pytest.mark.parametrize("k", [64, 80, 72])  # 80, 72: the kernel's 16-column step and scalar tail
+def test_bf16_linear_matches_its_widened_weight(ext, rows, k):
+    wb = C.BF16Weight.from_float(_weight(50, k, seed=2))
+    x = torch.randn(rows, k)
+    b = torch.randn(50)
+    torch.testing.assert_close(wb.linear(x, b), F.linear(x, wb.w.float(), b), rtol=1e-5, atol=1e-5)
+    assert wb.nbytes == 50 * k * 2
+
+
+def test_kernel_rejects_bad_inputs(ext):
+    w8 = C.Int8Weight.from_float(_weight(8, 64))
+    with pytest.raises(RuntimeError, match="features"):
+        ext.int8_linear(torch.randn(2, 32), w8.q, w8.scales, w8.offsets, None)
+    with pytest.raises(RuntimeError, match="float32"):
+        ext.int8_linear(torch.randn(2, 64, dtype=torch.float64), w8.q, w8.scales, w8.offsets, None)
+    with pytest.raises(RuntimeError, match="offsets"):
+        ext.int8_linear(torch.randn(2, 64), w8.q, w8.scales, w8.scales[:1], None)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "bfloat16"])
+def test_linear_reduce_precision_drops_the_float32_weight(ext, fmt):
+    lin = Linear(64, 48, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(_weight(48, 64, seed=3))
+        lin.bias.copy_(torch.randn(48))
+    x = torch.randn(3, 64)
+    before = lin(x)
+    lin.reduce_precision(fmt)
+    assert lin.weight.numel() == 0 and lin.num_weights == 48 * 64
+    assert lin.weight_bytes == (48 * 64 + 2 * 48 * 2 * 4 if fmt == "int8" else 48 * 64 * 2)
+    ref = F.linear(x, lin.reduced.dequantize(), lin.bias)
+    torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-5)
+    assert (lin(x) - before).abs().max() < 0.05  # a coarse check that it is still the same layer
+    with pytest.raises(ValueError, match="unknown weight format"):
+        Linear(32, 8, False).reduce_precision("int4")
