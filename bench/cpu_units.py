@@ -64,11 +64,21 @@ def fitting_prompt_len(loaded, prompt_len: int, margin: int = 16) -> int:
     return max(1, min(prompt_len, loaded.spec.max_position_embeddings - margin))
 
 
+def decode_max_tokens(batch: int, prompt_len: int, steps: int, step_budget: int = 512) -> int:
+    """``max_tokens`` for a DecodeBatch that must time ``steps`` steps of all ``batch``
+    sequences: the prompts prefill ``step_budget`` tokens a step (the engine's default
+    chunk budget), so the first sequences decode while later ones still prefill, up to
+    ceil(batch * prompt_len / step_budget) steps ahead of the last."""
+    return steps + -(-batch * prompt_len // step_budget) + 2
+
+
 class DecodeBatch:
     """``batch`` sequences of ``prompt_len``-token prompts, all decoding in one engine.
 
     Built once (prompts prefilled, every sequence past its first token); each ``run(k)``
-    then times k steps in which every step decodes exactly one token per sequence.
+    then times k steps in which every step decodes exactly one token per sequence (it
+    raises if a step decoded fewer: a sequence that started early would finish first;
+    size ``max_tokens`` with ``decode_max_tokens``).
     """
 
     def __init__(self, engine, vocab_size: int, batch: int, prompt_len: int = 64,
@@ -80,12 +90,14 @@ class DecodeBatch:
         for i in range(batch):
             engine.add_request(synthetic_prompt(vocab_size, prompt_len, seed * 10_000 + i), params,
                                request_id=f"decode{batch}-{i}")
-        started: set[str] = set()
-        while len(started) < batch:  # until every sequence has its first token
+        generated: dict[str, int] = {}
+        while len(generated) < batch:  # until every sequence has its first token
             for out in engine.step():
                 if out.outputs[0].token_ids:
-                    started.add(out.request_id)
-        self.steps_left = max_tokens - 2
+                    generated[out.request_id] = len(out.outputs[0].token_ids)
+        # the first sequences to finish prefilling decoded while the others prefilled;
+        # every sequence decodes in each step until the one furthest ahead is done
+        self.steps_left = max_tokens - max(generated.values())
         # every sequence holds its prompt and its first token; the next step writes that
         # token's K/V and attends over prompt_len + 1 positions
         self.context_len = prompt_len + 1
@@ -96,7 +108,9 @@ class DecodeBatch:
         timing = UnitTiming(tokens=steps * self.batch, context_lens=[])
         for _ in range(steps):
             timing.context_lens.append(self.context_len)
-            _timed_step(self.engine, timing)
+            outs = _timed_step(self.engine, timing)
+            if len(outs) != self.batch:
+                raise RuntimeError(f"a timed step decoded {len(outs)} of {self.batch} sequences")
             self.context_len += 1
         self.steps_left -= steps
         return timing

@@ -159,13 +159,17 @@ class RooflineScale:
         return table.get(batch, 8)
 
 
+# Decode steps run before each decode unit's timed ones: the first step of a small batch
+# packs every linear weight for oneDNN (layers.PackedWeightCache) and first touches the
+# KV pool; measured on the 2-core box, the next one or two were still 1.5-2x slower.
+WARMUP_STEPS = 2
 FULL_ROOFLINE = RooflineScale()
 QUICK_ROOFLINE = RooflineScale(decode_steps={64: 3, 16: 5, 1: 16}, prefill_repeats=2)
 
 
 def run_roofline(loaded, model: str, scale: RooflineScale = FULL_ROOFLINE, progress=None) -> dict:
     """Ceilings, then every unit of ``scale``; returns the JSON-able roofline section."""
-    from bench.cpu_units import DecodeBatch, Prefill, fitting_prompt_len
+    from bench.cpu_units import DecodeBatch, Prefill, decode_max_tokens, fitting_prompt_len
     from bench.measure import loadavg
     from bench.run_kvscope import make_engine
 
@@ -176,11 +180,13 @@ def run_roofline(loaded, model: str, scale: RooflineScale = FULL_ROOFLINE, progr
     units: dict[str, dict] = {}
     for batch in scale.decode_batches:
         steps = scale.steps(batch)
-        max_len = scale.prompt_len + steps + 16
+        max_tokens = decode_max_tokens(batch, scale.prompt_len, WARMUP_STEPS + steps)
+        max_len = scale.prompt_len + max_tokens + 16
         blocks = batch * -(-max_len // 16) + 8
         engine = make_engine(loaded, model, batch, blocks, enable_prefix_caching=False,
                              max_model_len=max_len)
-        unit = DecodeBatch(engine, vocab, batch, scale.prompt_len, max_tokens=steps + 4)
+        unit = DecodeBatch(engine, vocab, batch, scale.prompt_len, max_tokens=max_tokens)
+        unit.run(WARMUP_STEPS)  # not timed: the first small-batch step packs every weight
         timing = unit.run(steps)
         ctx = statistics.mean(timing.context_lens)
         flops, nbytes = decode_step_work(costs, batch, ctx)
@@ -194,6 +200,7 @@ def run_roofline(loaded, model: str, scale: RooflineScale = FULL_ROOFLINE, progr
     engine = make_engine(loaded, model, 1, -(-max_len // 16) + 8, enable_prefix_caching=False,
                          max_model_len=max_len, max_num_batched_tokens=max(512, n_prefill))
     unit = Prefill(engine, vocab, n_prefill)
+    unit.run()  # not timed, as the decode units' warm-up steps
     timing = unit.run()
     for _ in range(scale.prefill_repeats - 1):
         more = unit.run()

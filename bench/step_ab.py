@@ -5,6 +5,14 @@
     python -m bench.step_ab threads     # 1 vs 2 torch threads
     python -m bench.step_ab packed      # F.linear vs oneDNN-packed weights for small batches
     python -m bench.step_ab cascade_flash  # cascade with explicit scores vs flash + LSE merge
+    python -m bench.step_ab decode_kernel --batch 64  # gather + SDPA vs the C++ decode kernel
+    python -m bench.step_ab fused --batch 1  # torch's small elementwise ops vs kernels/cpu_fused.cpp
+    python -m bench.step_ab cpu_kernels --batch 64  # neither of the two above vs both
+
+``--batch N`` times decode steps of N sequences with 64-token synthetic prompts
+(bench/cpu_units.py's DecodeBatch, as the roofline's units) instead of the workload's 16
+requests, and skips the prefill phase. ``--threads N`` sets torch's thread count (default:
+the engine's own choice; the rows in bench/RESULTS.md before issue 19 used 1).
 
 On a shared machine, whole-run timings drift with other jobs' load. Here the two
 settings alternate every engine step (A B B A A B B A ...) on the same engine and the
@@ -12,7 +20,8 @@ same requests, so drift hits both alike; both settings give the same tokens, so 
 run itself does not care which one computed a step. Reported: median and min step
 time per setting, split into prefill steps (a 512-token budget of prompt chunks)
 and decode steps (16 running sequences), and the median over adjacent (A, B) pairs
-of B's time / A's time.
+of B's time / A's time, by wall clock and by the process's CPU time (all threads; steadier
+when other jobs share the box).
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ _SETTINGS = {
     "threads": ("1 thread", "2 threads"),
     "packed": ("F.linear", "packed"),
     "cascade_flash": ("scores GEMM", "flash + LSE merge"),
+    "decode_kernel": ("gather + SDPA", "C++ kernel"),
+    "fused": ("torch elementwise ops", "fused C++ ops"),
+    "cpu_kernels": ("torch only", "decode kernel + fused ops"),
 }
 
 
@@ -54,6 +66,16 @@ def _apply(kind: str, setting: str, engine) -> None:
         from engine.model import layers
 
         layers.PACKED_MAX_ROWS = 64 if setting == "packed" else 0
+    elif kind == "decode_kernel":  # read by the backend when it plans each step
+        engine.runner.backend.decode_kernel = setting == "C++ kernel"
+    elif kind == "fused":
+        from kernels import cpu_fused
+
+        cpu_fused.KERNELS.on = setting == "fused C++ ops"
+    elif kind == "cpu_kernels":  # both of the above
+        from kernels import cpu_fused
+
+        engine.runner.backend.decode_kernel = cpu_fused.KERNELS.on = setting != "torch only"
 
 
 def _order(k: int, a: str, b: str) -> str:
@@ -66,22 +88,39 @@ def _paired_ratio(ta: list[float], tb: list[float]) -> float:
     return statistics.median(y / x for x, y in zip(ta, tb))
 
 
-def run(kind: str, steps: int = 40, model: str = "smollm2-135m") -> dict:
+def _timed_step(engine, times, phase, setting) -> None:
+    t, c = time.perf_counter(), time.process_time()
+    engine.step()
+    times[(phase, setting)].append((time.perf_counter() - t, time.process_time() - c))
+
+
+def run(kind: str, steps: int = 40, model: str = "smollm2-135m", batch: int | None = None,
+        threads: int | None = None) -> dict:
     from bench.run_kvscope import make_engine
     from engine import SamplingParams
     from engine.model.loader import load_model
 
-    torch.set_num_threads(1)
     loaded = load_model(model)
+    if threads is not None:
+        torch.set_num_threads(threads)
     cascade = kind.startswith("cascade")
     name = "shared_prefix" if cascade else "mixed"
-    wl = W.build(name, loaded.tokenizer, W.QUICK).head(16)
     a, b = _SETTINGS[kind]
-    times: dict[tuple[str, str], list[float]] = {(p, s): [] for p in ("prefill", "decode") for s in (a, b)}
-    engine = make_engine(loaded, model, 16, 1024)
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {
+        (p, s): [] for p in ("prefill", "decode") for s in (a, b)}
+    if batch is not None:
+        from bench.cpu_units import DecodeBatch, decode_max_tokens
+
+        max_tokens = decode_max_tokens(batch, 64, steps + 1)  # + the untimed step below
+        max_len = 64 + max_tokens + 16
+        engine = make_engine(loaded, model, batch, batch * -(-max_len // 16) + 8, enable_prefix_caching=False,
+                             max_model_len=max_len)
+        DecodeBatch(engine, loaded.spec.vocab_size, batch, 64, max_tokens=max_tokens)
+    else:
+        engine = make_engine(loaded, model, 16, 1024)
     # prefill phase: a long queue of prompts with max_tokens=1, prefix caching off, so
     # every step is a full 512-token budget of prompt chunks
-    if not cascade:
+    if not cascade and batch is None:
         reqs = [r.prompt_ids for r in W.build(name, loaded.tokenizer, W.QUICK).requests]
         engine2 = make_engine(loaded, model, 16, 1024, enable_prefix_caching=False)
         for i in range(steps):
@@ -92,34 +131,37 @@ def run(kind: str, steps: int = 40, model: str = "smollm2-135m") -> dict:
         while engine2.has_unfinished_requests() and k < steps:
             setting = _order(k, a, b)
             _apply(kind, setting, engine2)
-            t = time.perf_counter()
-            engine2.step()
-            times[("prefill", setting)].append(time.perf_counter() - t)
+            _timed_step(engine2, times, "prefill", setting)
             k += 1
         del engine2
-    for r in wl.requests:
-        engine.add_request(list(r.prompt_ids), SamplingParams(temperature=0, max_tokens=steps + 40,
-                                                              ignore_eos=True))
-    sched = engine.scheduler
-    while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.requests.values()):
-        engine.step()  # until all 16 are decoding
+    if batch is None:
+        wl = W.build(name, loaded.tokenizer, W.QUICK).head(16)
+        for r in wl.requests:
+            engine.add_request(list(r.prompt_ids), SamplingParams(temperature=0, max_tokens=steps + 40,
+                                                                  ignore_eos=True))
+        sched = engine.scheduler
+        while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.requests.values()):
+            engine.step()  # until all 16 are decoding
     engine.step()
     for k in range(steps):
         setting = _order(k, a, b)
         _apply(kind, setting, engine)
-        t = time.perf_counter()
-        engine.step()
-        times[("decode", setting)].append(time.perf_counter() - t)
+        _timed_step(engine, times, "decode", setting)
     _apply(kind, b, engine)
-    out = {"kind": kind, "settings": [a, b], "loadavg": loadavg(), "phases": {}}
+    out = {"kind": kind, "settings": [a, b], "batch": batch or 16, "threads": torch.get_num_threads(),
+           "loadavg": loadavg(), "phases": {}}
     for phase in ("prefill", "decode"):
         ta, tb = times[(phase, a)], times[(phase, b)]
         if not ta or not tb:
             continue
-        ma, mb = statistics.median(ta), statistics.median(tb)
-        out["phases"][phase] = {a: {"median_ms": 1e3 * ma, "min_ms": 1e3 * min(ta), "n": len(ta)},
-                                b: {"median_ms": 1e3 * mb, "min_ms": 1e3 * min(tb), "n": len(tb)},
-                                "ratio_b_over_a": _paired_ratio(ta, tb)}
+        row = {}
+        for setting, ts in ((a, ta), (b, tb)):
+            walls, cpus = [w for w, _ in ts], [c for _, c in ts]
+            row[setting] = {"median_ms": 1e3 * statistics.median(walls), "min_ms": 1e3 * min(walls),
+                            "median_cpu_ms": 1e3 * statistics.median(cpus), "n": len(ts)}
+        row["ratio_b_over_a"] = _paired_ratio([w for w, _ in ta], [w for w, _ in tb])
+        row["cpu_ratio_b_over_a"] = _paired_ratio([c for _, c in ta], [c for _, c in tb])
+        out["phases"][phase] = row
     return out
 
 
@@ -127,14 +169,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("kind", choices=sorted(_SETTINGS))
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch", type=int, default=None,
+                   help="decode steps of this many synthetic 64-token sequences (no prefill phase)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the engine's choice)")
     args = p.parse_args()
     print(f"load average before: {loadavg()}")
-    res = run(args.kind, args.steps)
+    res = run(args.kind, args.steps, batch=args.batch, threads=args.threads)
     a, b = res["settings"]
+    print(f"{res['threads']} torch threads, decode batch {res['batch']}")
     for phase, r in res["phases"].items():
-        print(f"{args.kind} / {phase}: {a} median {r[a]['median_ms']:.0f} ms (min {r[a]['min_ms']:.0f}), "
-              f"{b} median {r[b]['median_ms']:.0f} ms (min {r[b]['min_ms']:.0f}); "
-              f"{b} / {a} = {r['ratio_b_over_a']:.2f}")
+        print(f"{args.kind} / {phase}: {a} median {r[a]['median_ms']:.0f} ms (min {r[a]['min_ms']:.0f}, "
+              f"CPU {r[a]['median_cpu_ms']:.0f}), {b} median {r[b]['median_ms']:.0f} ms "
+              f"(min {r[b]['min_ms']:.0f}, CPU {r[b]['median_cpu_ms']:.0f}); {b} / {a} = "
+              f"{r['ratio_b_over_a']:.2f} by wall, {r['cpu_ratio_b_over_a']:.2f} by CPU time")
     print(f"load average after: {res['loadavg']}")
 
 

@@ -56,7 +56,7 @@ _PAUSE_S = 0.05  # > libgomp's default ~3 ms spin: the last worker's threads are
 def _worker(threads: int, model: str, rounds: int) -> None:
     import torch
 
-    from bench.cpu_units import DecodeBatch, Prefill, fitting_prompt_len
+    from bench.cpu_units import DecodeBatch, Prefill, decode_max_tokens, fitting_prompt_len
     from bench.run_kvscope import make_engine
     from engine.model.loader import load_model
 
@@ -67,10 +67,11 @@ def _worker(threads: int, model: str, rounds: int) -> None:
         kind, n = name.split("_")
         n = int(n)
         if kind == "decode":
-            need = 64 + rounds * steps * len(LOADS) + 16
+            max_tokens = decode_max_tokens(n, 64, 1 + rounds * steps * len(LOADS))  # + the warm-up
+            need = 64 + max_tokens + 16
             eng = make_engine(loaded, model, n, n * -(-need // 16) + 8, enable_prefix_caching=False,
                               max_model_len=need)
-            units[name] = DecodeBatch(eng, vocab, n, 64, max_tokens=need - 64 - 4)
+            units[name] = DecodeBatch(eng, vocab, n, 64, max_tokens=max_tokens)
         else:
             n = fitting_prompt_len(loaded, n)
             eng = make_engine(loaded, model, 1, -(-(n + 16) // 16) + 8, enable_prefix_caching=False,

@@ -23,21 +23,19 @@ embeddings, tied to its lm_head) is scale * q already, and a Q4_1 group (its oth
 linears) holds 16 levels d apart from min to min + 15 d, which an affine step of
 15 d / 255 = d / 17 hits on every 17th level (up to float rounding).
 
-The extension is compiled on first use (torch.utils.cpp_extension; needs a C++
-compiler and ninja; ~1 minute, then cached under ~/.cache/torch_extensions).
+The extension is compiled on first use (kernels/cpu_build.py: torch.utils.cpp_extension;
+needs a C++ compiler and ninja; ~30-60 s, then cached under ~/.cache/torch_extensions).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cpu_build
 
 GROUP = 32
 # Up to this many rows the kernel beats dequantize + F.linear: every linear weight of
@@ -46,43 +44,20 @@ GROUP = 32
 INT8_KERNEL_MAX_ROWS = 16
 BF16_KERNEL_MAX_ROWS = 12
 
-_ext = None
-_ext_lock = threading.Lock()
 
-
-class KernelUnavailableError(RuntimeError):
-    """The C++ kernels could not be built or loaded here."""
+class KernelUnavailableError(cpu_build.KernelUnavailableError):
+    """Kept for callers that catch it here: the kernels could not be built."""
 
 
 def extension():
     """The compiled kernels (built once per machine, then loaded from the cache)."""
-    global _ext
-    if _ext is None:
-        with _ext_lock:
-            if _ext is None:
-                from torch.utils import cpp_extension
-
-                _ninja_on_path()
-                src = Path(__file__).with_name("cpu_linear.cpp")
-                try:
-                    _ext = cpp_extension.load(name="kvscope_cpu_linear", sources=[str(src)],
-                                              extra_cflags=["-O3", "-march=native", "-ffp-contract=off"],
-                                              verbose=False)
-                except Exception as exc:  # noqa: BLE001 (compiler missing, build error, ...)
-                    raise KernelUnavailableError(
-                        f"reduced-precision CPU weights need the C++ kernels in {src.name}, which failed "
-                        f"to build ({type(exc).__name__}: {exc}); they need a C++ compiler and ninja. "
-                        "Use the default float32 weights instead.") from exc
-    return _ext
-
-
-def missing_compiler() -> str | None:
-    """Why the kernels cannot be built here, when that is because no C++ compiler is
-    installed (torch's builder runs ``$CXX``, default ``c++``); None when there is one."""
-    cxx = os.environ.get("CXX", "c++")
-    if shutil.which(cxx) is None:
-        return f"no C++ compiler: {cxx!r} is not on PATH (install g++ to build kernels/cpu_linear.cpp)"
-    return None
+    try:
+        # -ffp-contract=off: q * scale + offset stays a multiply then an add, the same
+        # two roundings as dequantize_int8
+        return cpu_build.load_cpu_extension("cpu_linear.cpp", ("-ffp-contract=off",))
+    except cpu_build.KernelUnavailableError as exc:
+        raise KernelUnavailableError(
+            f"reduced-precision CPU weights need {exc}. Use the default float32 weights instead.") from exc
 
 
 def _grid(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, lo: int, hi: int):
@@ -91,14 +66,6 @@ def _grid(groups: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, lo:
     q = torch.round((groups - offsets[..., None]) / safe).clamp_(lo, hi)
     err = (q * scales[..., None] + offsets[..., None] - groups).abs().amax(dim=-1)
     return q, err
-
-
-def _ninja_on_path() -> None:
-    """torch's extension builder runs ``ninja`` from PATH; the pip-installed one sits next
-    to this Python, which is not on PATH unless the virtualenv is activated."""
-    bindir = Path(sys.executable).parent
-    if shutil.which("ninja") is None and (bindir / "ninja").exists():
-        os.environ["PATH"] = f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

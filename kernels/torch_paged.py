@@ -19,6 +19,9 @@ simple twin that tests compare against. What makes this one faster:
   native GQA), causal with the cached prefix visible (bottom-right aligned mask).
 - Writes to the cache use `index_copy_` (no boolean mask, no sync) when every slot in
   the step is valid.
+- With ``decode_kernel`` (the CPU backend's default where it builds), the decodes that
+  share no prefix skip the gather and SDPA: one C++ call per layer reads their context
+  straight from the cache (`kernels.cpu_attention`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_attention
 from kernels.paged_gather import gather_blocks
 from kernels.torch_cascade import attend_decode_cascade
 
@@ -72,12 +76,24 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelDecodes:
+    """Decodes for the C++ kernel (kernels/cpu_attention.py): their own rows of the
+    step's block tables and lengths, no padding plan needed."""
+
+    rows: torch.Tensor  # int64 [D]; query (== output) rows
+    block_tables: torch.Tensor  # int32 [D, max_blocks], contiguous
+    seq_lens: torch.Tensor  # int32 [D]
+    decodes: tuple[tuple[int, int, int], ...]  # (num_blocks, seq index, query row), for the fallback
+
+
+@dataclass(frozen=True, slots=True)
 class PagedPlan:
     """Per-step attention plan, shared by every layer of one forward pass."""
 
     decode_groups: tuple[DecodeGroup, ...]
     prefills: tuple[PrefillChunk, ...]
     num_tokens: int
+    kernel_decodes: KernelDecodes | None = None
 
 
 def build_plan(
@@ -85,8 +101,12 @@ def build_plan(
     seq_lens: list[int] | torch.Tensor,  # [S]
     query_start_loc: list[int] | torch.Tensor,  # [S + 1]
     block_size: int,
+    decode_kernel: bool = False,
 ) -> PagedPlan:
-    """Work out the step's decode groups and prefill chunks (host side, once per step)."""
+    """Work out the step's decode groups and prefill chunks (host side, once per step).
+
+    ``decode_kernel``: the decodes outside cascade groups go to the C++ kernel
+    (``PagedPlan.kernel_decodes``) instead of padded gather groups."""
     lens = seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else list(seq_lens)
     starts = query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor) else list(query_start_loc)
     dev = block_tables.device
@@ -108,10 +128,20 @@ def build_plan(
         prefills.append(PrefillChunk(q0, q1, seq_len, tables[s, :nb], mask))
     groups: list[DecodeGroup] = []
     sharing, rest = _split_by_shared_prefix(decodes, tables, lens, block_size)
+    kernel = None
+    if decode_kernel and rest:
+        seqs = [s for _, s, _ in rest]
+        idx = torch.tensor(seqs, dtype=torch.int64, device=dev)
+        kernel = KernelDecodes(
+            rows=torch.tensor([r for _, _, r in rest], dtype=torch.int64, device=dev),
+            block_tables=block_tables.index_select(0, idx).to(torch.int32).contiguous(),
+            seq_lens=torch.tensor([lens[s] for s in seqs], dtype=torch.int32, device=dev),
+            decodes=tuple(rest))
+        rest = []
     for part in (*sharing, rest):
         groups.extend(_decode_groups(part, tables, lens, block_size))
     num_tokens = starts[-1] if starts else 0
-    return PagedPlan(tuple(groups), tuple(prefills), num_tokens)
+    return PagedPlan(tuple(groups), tuple(prefills), num_tokens, kernel)
 
 
 def _split_by_shared_prefix(decodes, tables, lens, block_size):
@@ -232,7 +262,16 @@ def paged_attention_fast(
         plan = build_plan(block_tables, seq_lens, query_start_loc, key_cache.shape[1])
     if out is None:
         out = torch.empty_like(query)
-    for grp in plan.decode_groups:
+    groups = plan.decode_groups
+    kd = plan.kernel_decodes
+    if kd is not None:
+        if cpu_attention.can_run(query, key_cache, value_cache) and cpu_attention.can_run(out, key_cache, value_cache):
+            cpu_attention.paged_decode_attention(query, key_cache, value_cache, kd.rows, kd.block_tables,
+                                                 kd.seq_lens, scale, out)
+        else:  # inputs the kernel does not take (not float32, not on the CPU): the torch path
+            groups = (*groups, *_decode_groups(list(kd.decodes), block_tables.long(), seq_lens.tolist(),
+                                               key_cache.shape[1]))
+    for grp in groups:
         res = _attend_decode_group(query, key_cache, value_cache, grp, scale)
         out.index_copy_(0, grp.rows, res.to(out.dtype))
     for c in plan.prefills:

@@ -22,12 +22,11 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def cpu_kernels():
-    """The reduced-precision CPU kernels (kernels/cpu_linear.cpp), built on first use.
-    Skipped only where no C++ compiler is installed; any other build failure fails."""
-    from kernels import cpu_linear
+def cpu_compiler():
+    """For tests of the C++ CPU kernels (kernels/*.cpp, built on first use): skipped only
+    where no C++ compiler is installed; any other build failure fails the test."""
+    from kernels.cpu_build import missing_compiler
 
-    reason = cpu_linear.missing_compiler()
+    reason = missing_compiler()
     if reason is not None:
         pytest.skip(reason)
-    return cpu_linear.extension()

@@ -24,6 +24,7 @@ from typing import Literal
 
 import torch
 
+from kernels.cpu_attention import decode_kernel_enabled
 from kernels.reference import copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref
 from kernels.torch_paged import PagedPlan, build_plan, paged_attention_fast, reshape_and_cache_fast
 
@@ -139,17 +140,22 @@ class AttentionBackend(abc.ABC):
 class TorchAttentionBackend(AttentionBackend):
     """Pure-torch paged attention; the CPU default.
 
-    ``impl="fast"`` (default) runs `kernels.torch_paged`: decodes batched into one
-    gather + two bmm, prefill chunks through SDPA. ``impl="reference"`` runs the simple
-    per-sequence twin in `kernels.reference` (same results within fp32 rounding).
+    ``impl="fast"`` (default) runs `kernels.torch_paged`: on the CPU decodes through
+    the C++ kernel of `kernels.cpu_attention` (where it builds; else batched into one
+    gather + SDPA), a shared prefix through cascade attention, prefill chunks through
+    SDPA. ``impl="reference"`` runs the simple per-sequence twin in `kernels.reference`
+    (same results within fp32 rounding).
     The fast path's plan is built by ``plan`` once per step; metadata built by hand
     without one (tests) is planned on each call.
     """
 
-    def __init__(self, impl: Literal["fast", "reference"] = "fast") -> None:
+    def __init__(self, impl: Literal["fast", "reference"] = "fast", decode_kernel: bool | None = None) -> None:
         if impl not in ("fast", "reference"):
             raise ValueError(f"unknown torch attention impl {impl!r}; use fast or reference")
         self.impl = impl
+        # None: the C++ decode kernel for CPU steps when it builds here (kernels/cpu_attention.py),
+        # decided at the first CPU plan so that CUDA use never builds it
+        self.decode_kernel = decode_kernel
 
     @property
     def name(self) -> str:
@@ -160,7 +166,12 @@ class TorchAttentionBackend(AttentionBackend):
             return meta
         seq_lens = meta.seq_lens_cpu if meta.seq_lens_cpu is not None else meta.seq_lens
         starts = meta.query_start_loc_cpu if meta.query_start_loc_cpu is not None else meta.query_start_loc
-        return dataclasses.replace(meta, plan=build_plan(meta.block_tables, seq_lens, starts, block_size))
+        kernel = False
+        if meta.block_tables.device.type == "cpu":
+            if self.decode_kernel is None:
+                self.decode_kernel = decode_kernel_enabled()
+            kernel = self.decode_kernel
+        return dataclasses.replace(meta, plan=build_plan(meta.block_tables, seq_lens, starts, block_size, kernel))
 
     def write_kv(self, key, value, key_cache, value_cache, meta) -> None:
         if self.impl == "reference":
@@ -247,8 +258,8 @@ def select_backend(name: BackendName, device: torch.device | str) -> AttentionBa
         raise ValueError(f"unknown attention backend {name!r}; use auto, torch or triton")
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
-    if name == "torch":
-        return TorchAttentionBackend()
+    if name == "torch":  # on the CPU the decode kernel is built (or found cached) now, not mid-step
+        return TorchAttentionBackend(decode_kernel=decode_kernel_enabled() if device.type == "cpu" else False)
     if device.type == "cuda":
         return TritonAttentionBackend()
     if os.environ.get("TRITON_INTERPRET") != "1":

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import cpu_fused
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -37,6 +39,21 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         ) from None
 
 
+class GatedActivation:
+    """``act(gate) * up`` over a fused gate/up projection's output [T, 2I] (gate first);
+    SiLU on a float32 CPU in one pass (kernels/cpu_fused.cpp, bitwise the same)."""
+
+    def __init__(self, name: str) -> None:
+        self.act = activation(name)
+        self.silu = self.act is F.silu
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.silu and gate_up.dim() == 2 and gate_up.stride(1) == 1 and cpu_fused.applies(gate_up):
+            return cpu_fused.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act(gate) * up
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in fp32 then cast back (as Llama does)."""
 
@@ -46,6 +63,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        if x.dim() == 2 and x.stride(1) == 1 and cpu_fused.applies(x, self.weight):
+            return cpu_fused.add_rms_norm(None, x, self.weight, self.eps)  # one pass (kernels/cpu_fused.cpp)
         if x.dtype == torch.float32 and x.device.type == "cpu":
             # one dispatch instead of seven; on the CPU in float32 torch's rms_norm runs
             # the same ops in the same order (bitwise equal: tests/model_fast)
@@ -54,6 +73,14 @@ class RMSNorm(nn.Module):
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual += x`` in place, then the norm of the sum (one pass on the CPU)."""
+        if (x.dim() == 2 and x.stride(1) == 1 and residual.stride(1) == 1
+                and cpu_fused.applies(x, residual, self.weight)):
+            return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps)
+        residual.add_(x)
+        return self(residual)
 
 
 def rope_settings(config: Any) -> tuple[float, dict[str, Any]]:
@@ -140,8 +167,11 @@ class RopeTables:
     half: int
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """``RotaryEmbedding.apply(x, cos, sin)``, bitwise, in four ops instead of seven;
-        ``x`` [T, heads, hd] may be a strided view (q and k heads of the fused QKV at once)."""
+        """``RotaryEmbedding.apply(x, cos, sin)``, bitwise, in four ops instead of seven
+        (one on a float32 CPU: kernels/cpu_fused.cpp); ``x`` [T, heads, hd] may be a
+        strided view (q and k heads of the fused QKV at once)."""
+        if x.stride(2) == 1 and x.stride(1) == x.shape[2] and cpu_fused.applies(x, self.cos):
+            return cpu_fused.rope(x, self.cos[:, 0], self.signed_sin[:, 0])
         swapped = torch.cat((x[..., self.half:], x[..., :self.half]), dim=-1)
         return x * self.cos + swapped * self.signed_sin
 

@@ -17,7 +17,7 @@ from engine.model.attention import AttentionBackend, AttentionMetadata
 from engine.model.base import CausalLM, empty_param
 from engine.model.kv_cache import KVCache
 from engine.model.layers import (
-    Linear, PackedWeightCache, RMSNorm, RopeTables, RotaryEmbedding, activation, reduced_weight,
+    GatedActivation, Linear, PackedWeightCache, RMSNorm, RopeTables, RotaryEmbedding, reduced_weight,
     rope_settings,
 )
 
@@ -85,7 +85,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(d.hidden, d.rms_eps)
         self.gate_up_proj = Linear(d.hidden, 2 * d.intermediate, bias=d.mlp_bias)
         self.down_proj = Linear(d.intermediate, d.hidden, bias=d.mlp_bias)
-        self.act = activation(d.act)
+        self.act = GatedActivation(d.act)
 
     def forward(
         self,
@@ -106,9 +106,9 @@ class LlamaDecoderLayer(nn.Module):
         key_cache, value_cache = kv_cache
         backend.write_kv(k, v, key_cache, value_cache, meta)
         attn = backend.attend(q, key_cache, value_cache, meta, self.scale)  # [T, heads, hd]
-        h = h + self.o_proj(attn.reshape(T, q_size))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)
-        return h + self.down_proj(self.act(gate) * up)
+        # h += o_proj(attn) in place (h is this layer's own input), normed in the same pass
+        normed = self.post_attention_layernorm.add_and_norm(self.o_proj(attn.reshape(T, q_size)), h)
+        return h + self.down_proj(self.act(self.gate_up_proj(normed)))
 
 
 class LlamaForCausalLM(CausalLM):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import workloads as W
+from bench import roofline, workloads as W
 from bench.report import BEGIN, END, render_markdown, update_results_md, write_json
 from bench.roofline import RooflineScale, decode_step_work, model_costs, prefill_work
 from bench.suite import BenchOptions, run_bench
@@ -100,7 +100,9 @@ def test_roofline_rows_and_targets(results):
     assert roof["ceilings"]["gemm_gflops"] > 0 and roof["ceilings"]["read_gbps"] > 0
     assert set(roof["units"]) == {"decode_4", "decode_1", "prefill_64"}
     d4 = roof["units"]["decode_4"]
-    assert d4["steps"] == 2 and d4["context"] == 17.5  # 16-token prompts: contexts 17, 18
+    # 16-token prompts, then 2 untimed warm-up steps: the timed steps see contexts 19, 20
+    assert roofline.WARMUP_STEPS == 2
+    assert d4["steps"] == 2 and d4["context"] == 19.5
     assert d4["tokens_per_s"] == 4 / d4["median_step_s"]
     for u in roof["units"].values():
         assert 0 < u["flops_fraction"] and 0 < u["bytes_fraction"]

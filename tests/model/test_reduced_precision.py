@@ -10,12 +10,14 @@ from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.core import ConfigError
 from engine.model.loader import load_model, resolve_weight_format
+from kernels import cpu_linear
 from tests.tiny_models import tiny_model_dir
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _kernels_built(cpu_kernels):
+def _kernels_built(cpu_compiler):
     """Every test here loads reduced-precision weights, which need the kernels."""
+    cpu_linear.extension()
 
 
 def _prompt_logits(loaded, ids):

@@ -12,8 +12,8 @@ from engine.model.layers import Linear
 
 
 @pytest.fixture(scope="module")
-def ext(cpu_kernels):
-    return cpu_kernels
+def ext(cpu_compiler):
+    return C.extension()
 
 
 def _weight(n, k, seed=0):

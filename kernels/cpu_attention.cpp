@@ -1,0 +1,202 @@
+// Paged decode attention for the CPU, float32: one query token per sequence attends to
+// its whole context straight out of the paged K/V cache, with no gathered copy.
+//
+// The torch path (kernels/torch_paged.py) gathers every decode's blocks into a
+// contiguous [D, L, kvh, hd] copy per layer and calls SDPA on it; at 64 sequences that
+// gather and SDPA's per-(sequence, head) setup cost about as much as all the step's
+// GEMMs but the largest (bench/RESULTS.md, "batch-64 profile"). Here every (sequence,
+// kv head) pair is one task: the G = heads / kv_heads query heads that share the kv
+// head are scored against each key row as it is read from its block, then softmaxed,
+// then the value rows are accumulated with the weights. Semantics are
+// kernels/reference.py's paged_attention_ref for q_len == 1; the summation order
+// differs (as SDPA's does), so results agree to float32 rounding.
+//
+// Built at first use by kernels/cpu_build.py (torch.utils.cpp_extension, -O3
+// -march=native). AVX-512F paths for head_dim % 16 == 0, a portable scalar loop
+// otherwise.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// Calls fn(slot pointer offset, position) for the L token slots of one sequence, block by
+// block (slot = block * bs + offset, in units of one token row).
+template <typename Fn>
+inline void for_each_slot(const int32_t* table, int64_t L, int64_t bs, Fn&& fn) {
+  for (int64_t b = 0, p = 0; p < L; ++b) {
+    const int64_t base = static_cast<int64_t>(table[b]) * bs;
+    for (int64_t off = 0; off < bs && p < L; ++off, ++p) fn(base + off, p);
+  }
+}
+
+#if defined(__AVX512F__)
+}  // namespace
+// SLEEF's 1-ulp float exp, as ATen's own vectorized exp (and so SDPA's flash kernel)
+// uses on AVX-512; exported by libtorch_cpu, which every extension links.
+extern "C" __m512 Sleef_expf16_u10(__m512);
+namespace {
+
+// One query head against one sequence's context: q and the running output stay in
+// registers (NV = head_dim / 16 vectors). scores is scratch for L floats.
+template <int NV>
+void attend_head_avx512(const float* q, const float* kc, const float* vc, int64_t row_stride,
+                        const int32_t* table, int64_t L, int64_t bs, float scale, float* scores,
+                        float* out) {
+  __m512 qv[NV];
+  for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+  float mx = -std::numeric_limits<float>::infinity();
+  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
+    const float* k = kc + slot * row_stride;
+    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+    __m512 b = NV > 1 ? _mm512_mul_ps(qv[1], _mm512_loadu_ps(k + 16)) : _mm512_setzero_ps();
+    for (int i = 2; i < NV; i += 2) {
+      a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + 16 * i), a);
+      if (i + 1 < NV) b = _mm512_fmadd_ps(qv[i + 1], _mm512_loadu_ps(k + 16 * (i + 1)), b);
+    }
+    const float sc = _mm512_reduce_add_ps(_mm512_add_ps(a, b)) * scale;
+    scores[p] = sc;
+    mx = std::max(mx, sc);
+  });
+  // softmax numerators, 16 positions at a time
+  const __m512 mxv = _mm512_set1_ps(mx);
+  __m512 sumv = _mm512_setzero_ps();
+  int64_t p = 0;
+  for (; p + 16 <= L; p += 16) {
+    __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(scores + p), mxv));
+    _mm512_storeu_ps(scores + p, e);
+    sumv = _mm512_add_ps(sumv, e);
+  }
+  if (p < L) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (L - p)) - 1);
+    __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p), mxv));
+    _mm512_mask_storeu_ps(scores + p, m, e);
+    sumv = _mm512_add_ps(sumv, _mm512_maskz_mov_ps(m, e));
+  }
+  const float inv = 1.f / _mm512_reduce_add_ps(sumv);
+  __m512 acc[NV];
+  for (int i = 0; i < NV; ++i) acc[i] = _mm512_setzero_ps();
+  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
+    const float* v = vc + slot * row_stride;
+    const __m512 w = _mm512_set1_ps(scores[p]);
+    for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * i), acc[i]);
+  });
+  const __m512 invv = _mm512_set1_ps(inv);
+  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], invv));
+}
+#endif
+
+// The same for any head_dim and CPU, in plain loops.
+void attend_head_scalar(const float* q, const float* kc, const float* vc, int64_t row_stride,
+                        const int32_t* table, int64_t L, int64_t bs, int64_t hd, float scale,
+                        float* scores, float* out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
+    const float* k = kc + slot * row_stride;
+    float total = 0.f;
+    for (int64_t i = 0; i < hd; ++i) total += q[i] * k[i];
+    scores[p] = total * scale;
+    mx = std::max(mx, scores[p]);
+  });
+  float sum = 0.f;
+  for (int64_t p = 0; p < L; ++p) sum += (scores[p] = std::exp(scores[p] - mx));
+  const float inv = 1.f / sum;
+  std::fill(out, out + hd, 0.f);
+  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
+    const float* v = vc + slot * row_stride;
+    for (int64_t i = 0; i < hd; ++i) out[i] += scores[p] * v[i];
+  });
+  for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
+}
+
+}  // namespace
+
+// query [T, H, hd] f32; key_cache / value_cache [NB, bs, kvh, hd] f32; rows int64 [D]
+// (query row of each decode); block_tables int32 [D, max_blocks]; seq_lens int32 [D]
+// (context length including the new token); out [T, H, hd] f32, rows written in place.
+void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache,
+                            const at::Tensor& value_cache, const at::Tensor& rows,
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                            at::Tensor& out) {
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1 &&
+                  query.stride(1) == query.size(2),
+              "query must be float32 [T, heads, head_dim] with contiguous heads (any row stride)");
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.scalar_type() == at::kFloat && key_cache.is_contiguous() &&
+                  value_cache.sizes() == key_cache.sizes() && value_cache.scalar_type() == at::kFloat &&
+                  value_cache.is_contiguous(),
+              "key_cache and value_cache must be contiguous float32 [num_blocks, block_size, kv_heads, head_dim]");
+  TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == at::kFloat && out.stride(2) == 1 &&
+                  out.stride(1) == out.size(2),
+              "out must be float32 shaped like query, with contiguous heads");
+  TORCH_CHECK(query.device().is_cpu() && key_cache.device().is_cpu() && out.device().is_cpu(),
+              "the CPU decode kernel takes CPU tensors");
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong, "rows must be int64 [D]");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() &&
+                  block_tables.size(0) == rows.size(0),
+              "block_tables must be contiguous int32 [D, max_blocks]");
+  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kInt && seq_lens.size(0) == rows.size(0),
+              "seq_lens must be int32 [D]");
+  const int64_t T = query.size(0), H = query.size(1), hd = query.size(2);
+  const int64_t NB = key_cache.size(0), bs = key_cache.size(1), kvh = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(3) == hd, "head_dim of query and cache differ");
+  TORCH_CHECK(H % kvh == 0, "heads must be a multiple of kv_heads");
+  const int64_t G = H / kvh, D = rows.size(0), max_blocks = block_tables.size(1);
+  const int64_t* row = rows.data_ptr<int64_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  for (int64_t d = 0; d < D; ++d) {  // every read below stays inside the tensors
+    TORCH_CHECK(row[d] >= 0 && row[d] < T, "rows[", d, "] = ", row[d], " is not a query row");
+    TORCH_CHECK(lens[d] >= 1 && lens[d] <= max_blocks * bs, "seq_lens[", d, "] = ", lens[d],
+                " does not fit its block table");
+    for (int64_t b = 0; b < (lens[d] + bs - 1) / bs; ++b)
+      TORCH_CHECK(tables[d * max_blocks + b] >= 0 && tables[d * max_blocks + b] < NB, "block_tables[", d, ", ",
+                  b, "] is not a block of the cache");
+  }
+  const float* q = query.data_ptr<float>();
+  const float* kc = key_cache.data_ptr<float>();
+  const float* vc = value_cache.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int64_t row_stride = kvh * hd;  // between token slots of one block
+  const int64_t q_row = query.stride(0), o_row = out.stride(0);
+  // One task per (sequence, query head); a sequence's heads run in one task's range
+  // when the split allows, so its K/V rows (kv_heads * head_dim floats per token slot)
+  // are read while they are still in cache.
+  at::parallel_for(0, D * H, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t d = t / H, h = t % H, L = lens[d];
+      scores.resize(static_cast<size_t>(L));
+      const float* qh = q + row[d] * q_row + h * hd;
+      float* oh = o + row[d] * o_row + h * hd;
+      const float* kh = kc + (h / G) * hd;  // this head's kv head in every token row
+      const float* vh = vc + (h / G) * hd;
+      const int32_t* table = tables + d * max_blocks;
+#if defined(__AVX512F__)
+      switch (hd) {  // head_dim / 16 vectors in registers
+        case 16: attend_head_avx512<1>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
+        case 32: attend_head_avx512<2>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
+        case 64: attend_head_avx512<4>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
+        case 128: attend_head_avx512<8>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
+        default: break;
+      }
+#endif
+      attend_head_scalar(qh, kh, vh, row_stride, table, L, bs, hd, sc, scores.data(), oh);
+    }
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "one query token per sequence attends over its paged K/V context (float32), into out's rows");
+}

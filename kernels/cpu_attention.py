@@ -1,0 +1,38 @@
+"""Paged decode attention for the CPU in C++ (kernels/cpu_attention.cpp): the float32
+CPU path's decodes read their context straight from the paged cache, with no gathered
+copy and no SDPA call per layer.
+
+Used by `kernels.torch_paged` for the decodes that do not share a cached prefix (those
+take the cascade path) when the extension builds here; otherwise that module's batched
+gather + SDPA runs, with the same results to float32 rounding. ``KVSCOPE_CPU_DECODE_KERNEL=0``
+turns it off (for A/B runs: ``python -m bench.step_ab decode_kernel``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu_build import DefaultPathKernels
+
+KERNELS = DefaultPathKernels("cpu_attention.cpp", "KVSCOPE_CPU_DECODE_KERNEL",
+                             "CPU decode attention falls back to torch (gather + SDPA)")
+extension = KERNELS.module  # the compiled kernel; raises KernelUnavailableError when it cannot be built
+decode_kernel_enabled = KERNELS.enabled  # on unless KVSCOPE_CPU_DECODE_KERNEL=0, if it builds
+
+
+def can_run(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """The kernel's inputs: float32 CPU tensors, heads contiguous in each query row."""
+    return (query.device.type == "cpu" and query.dtype == torch.float32
+            and query.stride(2) == 1 and query.stride(1) == query.shape[2]
+            and all(c.dtype == torch.float32 and c.is_contiguous() for c in (key_cache, value_cache)))
+
+
+def paged_decode_attention(query, key_cache, value_cache, rows, block_tables, seq_lens, scale, out) -> None:
+    """Write attention of query rows ``rows`` [D] (one token per sequence) over their
+    paged contexts into the same rows of ``out`` [T, heads, head_dim].
+
+    block_tables int32 [D, max_blocks] and seq_lens int32 [D] are the decodes' own rows
+    (context length including the new token); the caches are [num_blocks, block_size,
+    kv_heads, head_dim], float32 and contiguous."""
+    extension().paged_decode_attention(query, key_cache, value_cache, rows, block_tables, seq_lens,
+                                       float(scale), out)

@@ -1,0 +1,114 @@
+"""Build and load the C++ CPU kernels (kernels/*.cpp) with torch's cpp_extension.
+
+Each source is compiled on first use in a process (``-O3 -march=native``; needs a C++
+compiler and ninja; ~30-60 s the first time on a machine), then loaded from torch's
+cache (``~/.cache/torch_extensions``, or ``TORCH_EXTENSIONS_DIR``) in well under a
+second. ``make install`` builds them once ahead of time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_loaded: dict[str, object] = {}
+_lock = threading.Lock()
+_lock_enabled = threading.Lock()
+
+
+class KernelUnavailableError(RuntimeError):
+    """The C++ kernels could not be built or loaded here."""
+
+
+def missing_compiler() -> str | None:
+    """Why the kernels cannot be built here, when that is because no C++ compiler is
+    installed (torch's builder runs ``$CXX``, default ``c++``); None when there is one."""
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler: {cxx!r} is not on PATH (install g++ to build the kernels in kernels/*.cpp)"
+    return None
+
+
+def _ninja_on_path() -> None:
+    """torch's extension builder runs ``ninja`` from PATH; the pip-installed one sits next
+    to this Python, which is not on PATH unless the virtualenv is activated."""
+    bindir = Path(sys.executable).parent
+    if shutil.which("ninja") is None and (bindir / "ninja").exists():
+        os.environ["PATH"] = f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def load_cpu_extension(source: str, extra_cflags: tuple[str, ...] = ()):
+    """The compiled module of ``kernels/<source>`` (built once per machine and flags).
+
+    Raises KernelUnavailableError, saying why, when it cannot be built."""
+    with _lock:
+        if source not in _loaded:
+            from torch.utils import cpp_extension
+
+            _ninja_on_path()
+            src = Path(__file__).with_name(source)
+            try:
+                _loaded[source] = cpp_extension.load(
+                    name=f"kvscope_{src.stem}", sources=[str(src)],
+                    extra_cflags=["-O3", "-march=native", *extra_cflags], verbose=False)
+            except Exception as exc:  # noqa: BLE001 (compiler missing, build error, ...)
+                raise KernelUnavailableError(
+                    f"the C++ kernels in kernels/{source} failed to build ({type(exc).__name__}: {exc}); "
+                    "they need a C++ compiler and ninja") from exc
+        return _loaded[source]
+
+
+class DefaultPathKernels:
+    """A C++ extension that the default path uses where it builds: on unless
+    ``env_var=0``; the first ``enabled()`` call decides it for the process (building or
+    loading it, and logging once when it cannot). ``on`` is that decision (written only
+    by ``enabled``, and by A/B benchmarks and tests that flip it)."""
+
+    def __init__(self, source: str, env_var: str, fallback: str, extra_cflags: tuple[str, ...] = ()) -> None:
+        self.source, self.env_var, self.fallback, self.extra_cflags = source, env_var, fallback, extra_cflags
+        self.on: bool | None = None
+
+    def module(self):
+        """The compiled module; raises KernelUnavailableError when it cannot be built."""
+        return load_cpu_extension(self.source, self.extra_cflags)
+
+    def enabled(self) -> bool:
+        if self.on is None:
+            with _lock_enabled:
+                if self.on is None:
+                    if os.environ.get(self.env_var, "1") == "0":
+                        self.on = False
+                    else:
+                        try:
+                            self.module()
+                            self.on = True
+                        except KernelUnavailableError as exc:
+                            logger.warning("%s: %s", self.fallback, exc)
+                            self.on = False
+        return self.on
+
+
+def build_all() -> list[str]:
+    """Build (or find cached) every CPU extension; the failures, as messages."""
+    from kernels import cpu_attention, cpu_fused, cpu_linear
+
+    failed = []
+    for build in (cpu_attention.extension, cpu_fused.extension, cpu_linear.extension):
+        try:
+            build()
+        except KernelUnavailableError as exc:
+            failed.append(str(exc))
+    return failed
+
+
+if __name__ == "__main__":  # `python -m kernels.cpu_build` (make install runs it once)
+    problems = build_all()
+    for p in problems:
+        print(f"kvscope: {p}", file=sys.stderr)
+    print("kvscope: CPU kernels " + ("NOT built; the torch paths will run" if problems else "built"))

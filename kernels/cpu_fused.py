@@ -1,0 +1,48 @@
+"""Fused elementwise ops of a decoder layer for the CPU (kernels/cpu_fused.cpp): SiLU
+times up, rotary embedding, residual add + RMSNorm, each one pass instead of a chain of
+small torch ops.
+
+Used by engine/model/layers.py and llama.py for float32 CPU tensors when the extension
+builds here; otherwise (or with ``KVSCOPE_CPU_FUSED=0``, for A/B runs: ``python -m
+bench.step_ab fused``) the torch ops run. silu_mul and rope give bitwise torch's
+results; add_rms_norm sums the squares in another order (~1 ulp in the scale).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu_build import DefaultPathKernels
+
+# -ffp-contract=off: no multiply-add is fused, so every product rounds as torch's does
+KERNELS = DefaultPathKernels("cpu_fused.cpp", "KVSCOPE_CPU_FUSED", "CPU layers fall back to torch's elementwise ops",
+                             ("-ffp-contract=off",))
+extension = KERNELS.module  # the compiled ops; raises KernelUnavailableError when they cannot be built
+fused_enabled = KERNELS.enabled  # on unless KVSCOPE_CPU_FUSED=0, if they build
+
+
+def applies(*tensors: torch.Tensor) -> bool:
+    """True when the fused ops are on and take these tensors (float32, CPU)."""
+    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+            and fused_enabled())
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [T, 2I] (gate first) -> [T, I]."""
+    out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2)
+    extension().silu_mul(gate_up, out)
+    return out
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, hd] * cos + swap_halves(x) * signed_sin (both [T, hd]) -> contiguous."""
+    out = torch.empty(x.shape)
+    extension().rope(x, cos, signed_sin, out)
+    return out
+
+
+def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """residual += x (in place, if x is given); returns rms_norm(residual) * weight."""
+    out = torch.empty(residual.shape)
+    extension().add_rms_norm(x, residual, weight, float(eps), out)
+    return out

@@ -1,0 +1,87 @@
+"""The C++ CPU decode kernel (kernels/cpu_attention.cpp) against the reference twin,
+alone and inside the fast path's plan (with cascade groups and prefill chunks beside it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_attention
+from kernels.reference import paged_attention_ref
+from kernels.torch_paged import build_plan, paged_attention_fast
+from tests.model_fast.test_torch_paged import _ragged_batch, _shared_prefix_batch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built(cpu_compiler):
+    cpu_attention.extension()
+
+
+# head_dim 16/32/64/128 take the AVX-512 paths where the CPU has them, 24 the scalar loop
+@pytest.mark.parametrize("head_dim", [16, 24, 32, 64, 128])
+@pytest.mark.parametrize("seed", range(12))
+def test_kernel_plan_matches_reference_on_random_ragged_batches(seed, head_dim):
+    block_size = (1, 4, 16)[seed % 3]
+    kv_heads, group = ((1, 1), (2, 2), (3, 3), (4, 1))[seed % 4]
+    args = _ragged_batch(seed, block_size, kv_heads, group, head_dim)
+    plan = build_plan(args[3], args[4], args[5], block_size, decode_kernel=True)
+    n_decodes = sum(1 for a, b in zip(args[5][:-1].tolist(), args[5][1:].tolist()) if b - a == 1)
+    assert (plan.kernel_decodes is not None) == (n_decodes > 0)
+    if plan.kernel_decodes is not None:
+        assert len(plan.kernel_decodes.rows) == n_decodes and not plan.decode_groups
+    want = paged_attention_ref(*args, scale=0.25)
+    got = paged_attention_fast(*args, scale=0.25, plan=plan)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_kernel_beside_cascade_groups_matches_reference(seed):
+    block_size = (1, 4, 16)[seed % 3]
+    kv_heads, group = ((1, 1), (2, 2), (3, 3), (4, 1))[seed % 4]
+    args = list(_shared_prefix_batch(seed, block_size, kv_heads, group, head_dim=64))
+    plan = build_plan(args[3], args[4], args[5], block_size, decode_kernel=True)
+    want = paged_attention_ref(*args, scale=0.25)
+    torch.testing.assert_close(paged_attention_fast(*args, scale=0.25, plan=plan), want, atol=2e-5, rtol=1e-5)
+
+
+def test_strided_query_rows_and_the_torch_fallback_agree():
+    query, kc, vc, tables, lens, starts = _ragged_batch(5, 4, 3, 3, head_dim=64)
+    plan = build_plan(tables, lens, starts, 4, decode_kernel=True)
+    assert plan.kernel_decodes is not None
+    want = paged_attention_ref(query, kc, vc, tables, lens, starts, scale=0.3)
+    # heads contiguous, rows strided (the model's q is a view of the fused q/k output)
+    wide = torch.cat([query, torch.randn(query.shape[0], 2, 64)], dim=1)
+    got = paged_attention_fast(wide[:, :query.shape[1]], kc, vc, tables, lens, starts, scale=0.3, plan=plan)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    # float64 inputs are not the kernel's: the same plan falls back to gather + SDPA
+    got64 = paged_attention_fast(query.double(), kc.double(), vc.double(), tables, lens, starts,
+                                 scale=0.3, plan=plan)
+    torch.testing.assert_close(got64.float(), want, atol=2e-5, rtol=1e-5)
+
+
+def test_kernel_refuses_reads_outside_the_cache():
+    kc, vc = torch.randn(4, 4, 1, 16), torch.randn(4, 4, 1, 16)
+    q, out = torch.randn(2, 1, 16), torch.empty(2, 1, 16)
+    rows = torch.tensor([0, 1])
+    ok_tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="not a block of the cache"):
+        cpu_attention.paged_decode_attention(q, kc, vc, rows, torch.tensor([[0, 9], [2, 3]], dtype=torch.int32),
+                                             torch.tensor([8, 8], dtype=torch.int32), 1.0, out)
+    with pytest.raises(RuntimeError, match="does not fit its block table"):
+        cpu_attention.paged_decode_attention(q, kc, vc, rows, ok_tables, torch.tensor([9, 1], dtype=torch.int32),
+                                             1.0, out)
+    with pytest.raises(RuntimeError, match="is not a query row"):
+        cpu_attention.paged_decode_attention(q, kc, vc, torch.tensor([0, 2]), ok_tables,
+                                             torch.tensor([3, 1], dtype=torch.int32), 1.0, out)
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_attention.paged_decode_attention(q.double(), kc, vc, rows, ok_tables,
+                                             torch.tensor([3, 1], dtype=torch.int32), 1.0, out)
+
+
+def test_the_cpu_backend_plans_for_the_kernel_unless_turned_off(monkeypatch):
+    from engine.model.attention import select_backend
+
+    assert select_backend("torch", "cpu").decode_kernel is True
+    monkeypatch.setattr(cpu_attention.KERNELS, "on", None)  # decided again, as in a fresh process
+    monkeypatch.setenv("KVSCOPE_CPU_DECODE_KERNEL", "0")
+    assert select_backend("torch", "cpu").decode_kernel is False

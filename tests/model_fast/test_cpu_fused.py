@@ -1,0 +1,79 @@
+"""The fused CPU layer ops (kernels/cpu_fused.cpp) against the torch ops they replace:
+SiLU-times-up and rotary embedding bitwise, residual add + RMSNorm to float32 rounding;
+and the layers that use them give the torch path's results with the ops turned off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.model.layers import GatedActivation, RMSNorm, RotaryEmbedding
+from kernels import cpu_fused
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built(cpu_compiler):
+    cpu_fused.extension()
+
+
+@pytest.fixture
+def torch_ops(monkeypatch):
+    """Turns the fused ops off for the test (as KVSCOPE_CPU_FUSED=0 does at start)."""
+    def off():
+        monkeypatch.setattr(cpu_fused.KERNELS, "on", False)
+    return off
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# 1536: SmolLM2 (whole 32-wide chunks); 40 and 7: a scalar tail as in ATen's loops
+@pytest.mark.parametrize("width", [1536, 128, 40, 7])
+def test_silu_mul_is_bitwise_torch(width):
+    gate_up = torch.randn(6, 2 * width, generator=_gen(width)) * 4
+    want = F.silu(gate_up[:, :width]) * gate_up[:, width:]
+    assert torch.equal(cpu_fused.silu_mul(gate_up), want)
+    assert torch.equal(GatedActivation("silu")(gate_up), want)
+
+
+@pytest.mark.parametrize("head_dim", [64, 16, 6])
+def test_rope_is_bitwise_the_torch_formula_on_strided_heads(head_dim, torch_ops):
+    rotary = RotaryEmbedding(head_dim, 10000.0, {})
+    positions = torch.tensor([0, 3, 17, 200, 511])
+    tables = rotary.tables(positions, torch.float32)
+    x = torch.randn(5, 12 + 3, head_dim, generator=_gen(head_dim))  # q and k heads, then v
+    view = x[:, :12]  # rows strided, heads contiguous: the fused QKV output's q/k part
+    fused = tables.apply(view)
+    assert fused.is_contiguous()
+    cos, sin = rotary.cos_sin(positions, torch.float32)
+    assert torch.equal(fused, RotaryEmbedding.apply(view, cos, sin))
+    torch_ops()
+    assert torch.equal(tables.apply(view), fused)
+
+
+@pytest.mark.parametrize("width", [576, 64, 50])
+def test_add_rms_norm_matches_torch_and_updates_the_residual(width, torch_ops):
+    norm = RMSNorm(width, 1e-5)
+    norm.weight.copy_(torch.randn(width, generator=_gen(1)))
+    x = torch.randn(9, width, generator=_gen(2))
+    residual = torch.randn(9, width, generator=_gen(3))
+    total = residual + x
+    want = torch.rms_norm(total, (width,), norm.weight, 1e-5)
+    got = norm.add_and_norm(x, residual)
+    assert torch.equal(residual, total)  # the add is the same single rounding as torch's
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(norm(total), want, rtol=1e-6, atol=1e-6)
+    torch_ops()
+    residual2 = (total - x).clone()  # the old residual again (up to the add's rounding)
+    torch.testing.assert_close(norm.add_and_norm(x, residual2), want, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_ops_refuse_bad_shapes():
+    with pytest.raises(RuntimeError, match="out must be"):
+        cpu_fused.extension().silu_mul(torch.randn(2, 8), torch.empty(2, 3))
+    with pytest.raises(RuntimeError, match="contiguous rows"):
+        cpu_fused.extension().add_rms_norm(None, torch.randn(8, 4).t(), torch.ones(8), 1e-5, torch.empty(4, 8))
+    with pytest.raises(RuntimeError, match="head_dim"):
+        cpu_fused.extension().rope(torch.randn(2, 3, 8), torch.randn(2, 4), torch.randn(2, 4), torch.empty(2, 3, 8))
