@@ -235,8 +235,11 @@ def churner(url: str, tally: Tally, stop: threading.Event) -> None:
 # ---- the run -----------------------------------------------------------------------------
 
 
-def _start_server(model: str, db: str, extra: list[str]) -> tuple[subprocess.Popen, int]:
-    cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", model, "--port", "0", "--db", db,
+def _start_server(model: str, db: str, extra: list[str], probe: str | None = None,
+                  probe_s: float = 30.0, trace_from_s: float = 0.0) -> tuple[subprocess.Popen, int]:
+    launcher = ["engine.cli"] if probe is None else ["bench.mem_probe", probe, str(probe_s),
+                                                     str(trace_from_s)]
+    cmd = [sys.executable, "-m", *launcher, "serve", "--model", model, "--port", "0", "--db", db,
            "--label", "soak", "--no-client-restart", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
@@ -258,14 +261,19 @@ def _start_server(model: str, db: str, extra: list[str]) -> tuple[subprocess.Pop
     raise RuntimeError("the server did not become ready")
 
 
-def run(minutes: float, model: str, good: int, extra: list[str]) -> dict:
+HOSTILE = ("stalled", "bad", "flood", "churn")
+
+
+def run(minutes: float, model: str, good: int, extra: list[str], probe: str | None = None,
+        probe_s: float = 30.0, hostile_kinds: tuple[str, ...] = HOSTILE) -> dict:
     tmp = tempfile.mkdtemp(prefix="kvscope-soak-")
     db = os.path.join(tmp, "runs.sqlite")
-    proc, port = _start_server(model, db, extra)
+    quiet_s = max(30.0, minutes * 60 / 5)
+    # tracing from the mix's second minute: the batch has grown to the flooders' size
+    proc, port = _start_server(model, db, extra, probe, probe_s, quiet_s + 60 + 30)
     url = f"ws://127.0.0.1:{port}"
     tally, phase, stop = Tally(), ["quiet"], threading.Event()
     total = minutes * 60
-    quiet_s = max(30.0, total / 5)
     loads, rss, backlog = [], [], []
     goods = [threading.Thread(target=good_client, args=(url, tally, phase, stop, k), daemon=True)
              for k in range(good)]
@@ -277,11 +285,10 @@ def run(minutes: float, model: str, good: int, extra: list[str]) -> dict:
         loads.append(os.getloadavg()[0])
     rss_start = _rss_mb(proc.pid)
     phase[0] = "mixed"
-    hostile = [threading.Thread(target=stalled_reader, args=(url, tally, stop), daemon=True),
-               threading.Thread(target=bad_framer, args=(url, tally, stop), daemon=True),
-               threading.Thread(target=flooder, args=(url, tally, stop, 0), daemon=True),
-               threading.Thread(target=flooder, args=(url, tally, stop, 1), daemon=True),
-               threading.Thread(target=churner, args=(url, tally, stop), daemon=True)]
+    kinds = {"stalled": [(stalled_reader, ())], "bad": [(bad_framer, ())],
+             "flood": [(flooder, (0,)), (flooder, (1,))], "churn": [(churner, ())]}
+    hostile = [threading.Thread(target=fn, args=(url, tally, stop, *a), daemon=True)
+               for kind in hostile_kinds for fn, a in kinds[kind]]
     for t in hostile:
         t.start()
     while time.monotonic() - t0 < total:
@@ -308,6 +315,7 @@ def run(minutes: float, model: str, good: int, extra: list[str]) -> dict:
     served = len(tally.accepted)
     res = {
         "model": model, "minutes": minutes, "quiet_s": quiet_s, "good_clients": good,
+        "hostile": list(hostile_kinds),
         "requests_served": served, "good_requests": {"quiet": len(q), "mixed": len(mx)},
         "good_failures": tally.good_failures[:10], "num_good_failures": len(tally.good_failures),
         "hostile_ops": tally.hostile_ops, "hostile_errors": tally.hostile_errors,
@@ -341,6 +349,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="tiny", help="'tiny' (a random-weight Llama) or any kvscope model")
     p.add_argument("--good-clients", type=int, default=2)
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--mem-probe", default=None, metavar="JSONL",
+                   help="run the server under bench.mem_probe (tracemalloc, gc counts, malloc "
+                        "arenas) and append its probes here; slows the server, so figures differ")
+    p.add_argument("--probe-interval", type=float, default=30.0, metavar="S")
+    p.add_argument("--hostile", default=",".join(HOSTILE), metavar="KINDS",
+                   help="which hostile clients run in the mix (default all: %(default)s); fewer "
+                        "is for finding what costs the good clients, not a soak")
     args, extra = p.parse_known_args(argv)
     model = args.model
     if model == "tiny":
@@ -348,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
 
         model = str(tiny_model_dir("llama"))
         extra = ["--block-size", "16", "--num-kv-blocks", "256", "--max-model-len", "256", *extra]
-    res = run(args.minutes, model, args.good_clients, extra)
+    kinds = tuple(k for k in args.hostile.split(",") if k)
+    if not set(kinds) <= set(HOSTILE):
+        p.error(f"--hostile takes some of {','.join(HOSTILE)}")
+    res = run(args.minutes, model, args.good_clients, extra, args.mem_probe, args.probe_interval, kinds)
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:

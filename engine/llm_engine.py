@@ -32,6 +32,7 @@ from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.step import StepRecord
 from engine.output_processor import OutputProcessor, ProcessedOutputs
 from engine.outputs import RequestOutput
+from engine.step_isolation import RequestFailure, StepFault, split_step
 
 if TYPE_CHECKING:
     from engine.engine_parts import EngineParts
@@ -64,6 +65,7 @@ class LLMEngine:
         self._rng = random.Random(config.seed)  # seeds of requests that bring none
         self._ids = itertools.count()
         self.last_metrics: dict = {}
+        self.last_fault: StepFault | None = None  # the last step's, if its forward raised
         self.kv_events = None  # KVEventsPublisher when kv_events_config enables one
         self._owns_kv_events = False
         kv_config = config.kv_events_config
@@ -180,19 +182,73 @@ class LLMEngine:
     # ---- one step -----------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One step. If the batched forward raises, the step's requests are run one by one
+        and only those whose own run raises are failed (``engine.step_isolation``): their
+        final outputs (finish reason "abort") come first in the list, and ``last_fault``
+        says what happened. A fault outside the forward is raised."""
+        self.last_fault = None
         scheduler_output = self.scheduler.schedule()
-        model_output = self._execute(scheduler_output)
+        model_output, aborted = self._execute(scheduler_output)
         core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         processed = self._process_outputs(core_outputs)
         self._publish(processed)
-        return processed.request_outputs
+        return aborted + processed.request_outputs
 
-    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def _execute(self, scheduler_output: SchedulerOutput) -> tuple[ModelRunnerOutput, list[RequestOutput]]:
         try:
-            return self.runner.execute(scheduler_output)
-        except BaseException:
+            return self.runner.execute(scheduler_output), []
+        except Exception as exc:
             self.scheduler.kv.uncache_uncomputed()  # blocks hashed for K/V this forward never wrote
+            if scheduler_output.is_empty:  # only copies ran: no request to blame
+                raise
+            return self._isolate(scheduler_output, exc)
+        except BaseException:
+            self.scheduler.kv.uncache_uncomputed()
             raise
+
+    def _isolate(self, out: SchedulerOutput, exc: Exception) -> tuple[ModelRunnerOutput, list[RequestOutput]]:
+        """Run the failed step's requests one at a time; fail those that raise alone (or
+        read K/V a failed one was to write). See ``engine.step_isolation``."""
+        detail = f"{type(exc).__name__}: {exc}"
+        logger.error("engine step %d failed (%s); running its %d request(s) one by one",
+                     out.step, detail, len(out.scheduled), exc_info=exc)
+        pieces = split_step(out, self.cache_config.block_size)
+        sampled: dict = {}
+        failed: dict[str, str] = {}  # user request id -> why
+        unsound: set[int] = set()  # blocks a failed piece was to write
+        users = [self._user_request_id(piece.request_id) for piece in pieces]
+        for piece, user in zip(pieces, users):
+            why = None
+            if user in failed:
+                why = failed[user]  # a sample of a request that failed: it fails whole
+            elif len(pieces) == 1:
+                why = detail  # alone in its step: it is the one
+            elif piece.reads & unsound:
+                why = "it read K/V a failed request of its step was to write"
+            else:
+                try:
+                    sampled.update(self.runner.execute(piece.output).sampled)
+                except Exception as e:
+                    why = f"{type(e).__name__}: {e}"
+            if why is not None:
+                failed.setdefault(user, why)
+                unsound |= piece.writes
+        aborted: list[RequestOutput] = []
+        for user in failed:
+            final = self.abort_request(user)
+            if final is not None:
+                aborted.append(final)
+        for piece, user in zip(pieces, users):  # anything abort_request could not reach (no output state)
+            if user in failed and piece.request_id in self.scheduler.requests:
+                self.scheduler.finish_request(piece.request_id, RequestStatus.FINISHED_ABORTED)
+        self.last_fault = StepFault(out.step, detail, [RequestFailure(u, w) for u, w in failed.items()])
+        if not failed:
+            logger.warning("engine step %d: every request ran alone; none failed", out.step)
+        return ModelRunnerOutput(sampled), aborted
+
+    def _user_request_id(self, core_id: str) -> str:
+        req = self.scheduler.requests.get(core_id)
+        return req.parent_id if req is not None and req.parent_id is not None else core_id
 
     def _process_outputs(self, core_outputs: EngineCoreOutputs) -> ProcessedOutputs:
         processed = self.output_processor.process_outputs(core_outputs)

@@ -42,6 +42,7 @@ class _PodOption(argparse.Action):
 
 def add_attach_subcommands(sub: Any) -> None:
     from engine.attach.server import DEFAULT_PORT
+    from engine.server.commands import add_allowed_host_arg
 
     p = sub.add_parser("attach", help="watch a vLLM/SGLang deployment's KV cache events as a kvscope run",
                        description=__doc__.split("\n\n")[0],
@@ -64,6 +65,7 @@ def add_attach_subcommands(sub: Any) -> None:
     p.add_argument("--db", default=None, help="runs database (default $KVSCOPE_DB or data/runs.sqlite)")
     p.add_argument("--no-record", dest="record", action="store_false", help="serve live only")
     p.add_argument("--allow-remote", action="store_true", help="allow binding beyond loopback")
+    add_allowed_host_arg(p)
     p.add_argument("--scrape-interval", type=float, default=1.0, metavar="S",
                    help="seconds between /metrics scrapes (default 1)")
     p.set_defaults(func=cmd_attach)
@@ -83,6 +85,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
     return AttachOptions(pods, host=args.host, port=args.port, db=args.db, record=args.record,
                          label=args.label, allow_remote=args.allow_remote,
                          token=os.environ.get(TOKEN_ENV) or None, tokenizer_file=tokenizer,
+                         allowed_hosts=tuple(args.allowed_hosts),
                          scrape_interval_s=args.scrape_interval)
 
 

@@ -32,7 +32,7 @@ from engine.server.front_door import FrontDoor, Post
 from engine.server.health import HealthBoard
 from engine.server.hub import HubLimits
 from engine.server.mailbox import Shutdown
-from engine.server.security import check_bind
+from engine.server.security import check_allowed_hosts, check_bind
 
 DEFAULT_PORT = 8766  # next to kvscope serve's 8765: both run on one laptop in the walk-through
 MAX_QUEUED_ITEMS = 100_000  # stream items between the subscriptions and the worker
@@ -48,6 +48,7 @@ class AttachOptions:
     label: str | None = None
     allow_remote: bool = False
     token: str | None = None
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-host (engine.server.security.HostPolicy)
     tokenizer_file: str | None = None
     scrape_interval_s: float = 1.0
     step_buffer: int = 256
@@ -68,6 +69,7 @@ class AttachOptions:
         if self.scrape_interval_s <= 0:
             raise ConfigError(f"the scrape interval must be > 0, got {self.scrape_interval_s}")
         check_bind(self.host, self.allow_remote, self.token)
+        object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
 
     def run_config(self) -> dict[str, Any]:
         """What the run records as its config and every hello carries."""
@@ -84,6 +86,7 @@ class AttachServer(FrontDoor):
                          limits=HubLimits(options.max_frame_bytes, options.step_buffer,
                                           options.step_history),
                          max_pending_ops=1024, board=HealthBoard("attach"),
+                         allowed_hosts=options.allowed_hosts,
                          metrics=AttachMetrics(options.label or "attached deployment"))
         self.options = options
         self.items: queue.Queue[StreamItem] = queue.Queue(MAX_QUEUED_ITEMS)

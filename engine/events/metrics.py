@@ -35,8 +35,11 @@ Scheduler (requests from the PoolSummary, tokens from request_scheduled this ste
   ``budget_used`` = num_batched_tokens / token_budget (fraction).
 Latency (seconds; observations the engine hands in for this step):
 - ``ttft_s``, ``itl_s``, ``e2e_s``: lists observed this step.
-- ``{ttft,itl,e2e}_{p50,p90,p99}_s``: percentiles over the run (linear interpolation
-  between closest ranks, as numpy's default).
+- ``{ttft,itl,e2e}_{p50,p90,p99}_s``: percentiles over the run's latest
+  ``MAX_LATENCY_SAMPLES`` observations of each (all of them in a shorter run; linear
+  interpolation between closest ranks, as numpy's default). Bounded on purpose: a
+  run-long sorted list grew by every token (ITL) and every insert moved it all, so a
+  10-minute soak's steps got slower and its memory grew with every request served.
 Requests (the output processor's per-request figures, ``engine.events.request_stats``):
 ``first_tokens`` and ``finished_requests``, the ``to_dict()`` of each FirstTokenStats /
 FinishedRequestStats of this step (empty lists when none).
@@ -60,9 +63,30 @@ from engine.events.pool_summary import PoolSummary
 from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
 from engine.events.types import Event
 
-__all__ = ["MISS_CAUSES", "LatencyObservations", "MetricsConfig", "MetricsTracker", "percentile"]
+__all__ = ["MAX_LATENCY_SAMPLES", "MISS_CAUSES", "LatencyObservations", "LatencyWindow", "MetricsConfig",
+           "MetricsTracker", "percentile"]
 
 _PERCENTILES = (50, 90, 99)
+MAX_LATENCY_SAMPLES = 4096  # per kind: ~35 KB sorted; inserting moves at most that
+
+
+class LatencyWindow:
+    """The latest ``capacity`` observations, kept sorted for percentiles."""
+
+    def __init__(self, capacity: int = MAX_LATENCY_SAMPLES) -> None:
+        self.capacity = capacity
+        self.sorted: list[float] = []
+        self._arrival: deque[float] = deque()
+
+    def add(self, v: float) -> None:
+        bisect.insort(self.sorted, v)
+        self._arrival.append(v)
+        if len(self._arrival) > self.capacity:  # drop the oldest (one equal value: the same rank)
+            old = self._arrival.popleft()
+            del self.sorted[bisect.bisect_left(self.sorted, old)]
+
+    def __len__(self) -> int:
+        return len(self.sorted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +149,7 @@ class MetricsTracker:
     def reset(self) -> None:
         """Start a new run: zero the counters, latency samples and throughput window."""
         self.totals = EventCounts()
-        self._samples: dict[str, list[float]] = {"ttft": [], "itl": [], "e2e": []}
+        self._samples = {"ttft": LatencyWindow(), "itl": LatencyWindow(), "e2e": LatencyWindow()}
         self._window: deque[tuple[float, int]] = deque()  # (step ts, output tokens)
 
     def update(self, events: Iterable[Event], pool: PoolSummary, ts: float,
@@ -158,12 +182,12 @@ class MetricsTracker:
 
         lat = latencies or LatencyObservations()
         for name, values in (("ttft", lat.ttft_s), ("itl", lat.itl_s), ("e2e", lat.e2e_s)):
-            samples = self._samples[name]
+            window = self._samples[name]
             for v in values:
-                bisect.insort(samples, v)
+                window.add(v)
             out[f"{name}_s"] = list(values)
             for q in _PERCENTILES:
-                out[f"{name}_p{q}_s"] = percentile(samples, q)
+                out[f"{name}_p{q}_s"] = percentile(window.sorted, q)
 
         out["first_tokens"] = [s.to_dict() for s in first_tokens]
         out["finished_requests"] = [s.to_dict() for s in finished_requests]

@@ -3,7 +3,8 @@
 
 A call is checked in this order: Origin (403), token (401, ``Authorization: Bearer``
 with the server's ``KVSCOPE_TOKEN``), body (413 / 400), the engine's state (503 while
-loading or stopping), the model (404), then submitted; the engine's refusals come
+loading or stopping), the model (404), the client address's quota of requests in
+flight (429 ``too_many_in_flight``, ``client_quota``), then submitted; the engine's refusals come
 back as 400 (a prompt that does not fit says by how much) or 429 (queue full). Only
 then does a stream start, so every refusal is a plain HTTP error.
 
@@ -34,6 +35,7 @@ from engine.openai.token_strings import TokenStrings
 from engine.protocol.messages import Error, Ok
 from engine.protocol.ops import ResetPrefixCache
 from engine.server.api_desk import ApiDesk, Exchange, raise_refusal
+from engine.server.client_quota import ClientQuota
 from engine.server.health import HealthBoard, Status
 from engine.server.http import Gate
 
@@ -96,6 +98,7 @@ class ApiContext:
     # /v1/models, the only accepted ``model`` values; the first one names answers and
     # labels the Prometheus series (ServerOptions.model_name).
     names: tuple[str, ...]
+    quota: ClientQuota
     _strings: TokenStrings | None = None
     _strings_path: str | None = None
 
@@ -190,6 +193,10 @@ async def _submit(ex: Exchange, req: ApiRequest, rid: str) -> list[str]:
     return [r for r, _, _ in items]
 
 
+def _client(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
 async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Response:
     ctx.admit(request)
     body = await ctx.body(request)
@@ -197,8 +204,20 @@ async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Res
     req = parse(body, ctx.limits)
     health = ctx.ready()
     check_model(req.model, ctx.names)
+    client, held = _client(request), 1 if endpoint is Endpoint.CHAT else len(req.prompts)
+    ctx.quota.take(client, held)
     rid = f"{'chatcmpl' if endpoint is Endpoint.CHAT else 'cmpl'}-{secrets.token_hex(12)}"
     ex = ctx.desk.open()
+
+    closed = False
+
+    def close() -> None:  # once, however the call ends (the stream's end, or below)
+        nonlocal closed
+        if not closed:
+            closed = True
+            ctx.desk.close(ex)
+            ctx.quota.give_back(client, held)
+
     streaming = False
     try:
         rids = await _unless_gone(request, _submit(ex, req, rid))
@@ -206,7 +225,7 @@ async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Res
         asm = Assembler(req, rids, rid, req.model or ctx.names[0], int(time.time()), ctx.strings())
         if req.stream:
             streaming = True
-            return _Stream(_events(ex, asm), lambda: ctx.desk.close(ex), media_type=sse.MEDIA_TYPE,
+            return _Stream(_events(ex, asm), close, media_type=sse.MEDIA_TYPE,
                            headers={**_headers(rid, health), "Cache-Control": "no-cache"})
         await _unless_gone(request, _finish(ex, asm))
         return JSONResponse(asm.body(), headers=_headers(rid, health))
@@ -214,7 +233,7 @@ async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Res
         return Response(status_code=499)  # nobody reads it; the requests are aborted below
     finally:
         if not streaming:
-            ctx.desk.close(ex)
+            close()
 
 
 async def _finish(ex: Exchange, asm: Assembler) -> None:

@@ -31,6 +31,7 @@ from engine.config import EngineConfig
 from engine.openai.request import ParseLimits
 from engine.server.api_desk import ApiDesk
 from engine.server.api_routes import ApiContext, api_routes
+from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT, ClientQuota
 from engine.server.engine_loop import EngineFactory, EngineWorker
 from engine.server.front_door import FrontDoor, Post
 from engine.server.health import Health, HealthBoard, Status
@@ -38,7 +39,7 @@ from engine.server.hub import HubLimits
 from engine.server.mailbox import Shutdown
 from engine.server.prom import ServerMetrics
 from engine.server.request_book import MAX_N
-from engine.server.security import BindRefused, check_bind
+from engine.server.security import BindRefused, check_allowed_hosts, check_bind
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +52,10 @@ class ServerOptions:
     label: str | None = None
     allow_remote: bool = False
     token: str | None = None  # from KVSCOPE_TOKEN; required of clients when set
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-host: Host names answered besides loopback ones
     max_frame_bytes: int = 1 << 20
     max_in_flight_per_conn: int = 64
+    max_api_in_flight: int = DEFAULT_MAX_API_IN_FLIGHT  # per client address, over the OpenAI API
     max_pending_ops: int = 1024  # client ops queued for the engine thread, all connections
     step_buffer: int = 256
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
@@ -71,8 +74,9 @@ class ServerOptions:
         if not all(isinstance(n, str) and n for n in names):
             raise ValueError(f"served_model_name must be non-empty names, got {self.served_model_name!r}")
         object.__setattr__(self, "served_model_name", tuple(names))
-        for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_pending_ops", "step_buffer",
-                     "step_history", "max_outbox_bytes"):
+        object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
+        for name in ("max_frame_bytes", "max_in_flight_per_conn", "max_api_in_flight", "max_pending_ops",
+                     "step_buffer", "step_history", "max_outbox_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -109,7 +113,7 @@ class KVScopeServer(FrontDoor):
                          limits=HubLimits(options.max_frame_bytes, options.step_buffer,
                                           options.step_history, options.max_outbox_bytes,
                                           max_in_flight=options.max_in_flight_per_conn),
-                         redact_tokens=options.redact_tokens,
+                         redact_tokens=options.redact_tokens, allowed_hosts=options.allowed_hosts,
                          max_pending_ops=options.max_pending_ops,
                          board=HealthBoard(options.engine.model),
                          metrics=ServerMetrics(options.model_name))
@@ -149,7 +153,8 @@ class KVScopeServer(FrontDoor):
         return api_routes(ApiContext(
             self.desk, self.board, self.gate,
             ParseLimits(max_n=MAX_N, max_prompts=opts.max_in_flight_per_conn),
-            opts.max_frame_bytes, opts.served_model_name or (opts.engine.model,)))
+            opts.max_frame_bytes, opts.served_model_name or (opts.engine.model,),
+            ClientQuota(opts.max_api_in_flight)))
 
     def _open_calls(self) -> int:
         return len(self.desk.exchanges)

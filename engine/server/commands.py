@@ -12,7 +12,17 @@ import logging
 import os
 import sys
 
+from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT
 from engine.server.security import TOKEN_ENV
+
+
+def add_allowed_host_arg(g) -> None:
+    """``--allowed-host`` (serve and attach): Host names answered besides loopback ones."""
+    g.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header is NAME (repeatable; .example.com "
+                        "allows the domain and its subdomains). On loopback only loopback names are "
+                        "answered by default (DNS rebinding); on another address this list, when "
+                        "given, is enforced too")
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -37,11 +47,16 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "model_name label of /metrics (default: --model)")
     g.add_argument("--allow-remote", action="store_true",
                    help=f"allow a non-loopback --host (clients must present {TOKEN_ENV})")
+    add_allowed_host_arg(g)
     g.add_argument("--max-queue", type=int, default=256,
                    help="bound of the engine's waiting queue (0 = unbounded); more gives queue_full")
     g.add_argument("--max-frame-bytes", type=int, default=1 << 20,
                    help="largest client frame answered; 4x this closes the connection (1009)")
     g.add_argument("--max-in-flight", type=int, default=64, help="live requests per connection")
+    g.add_argument("--max-api-in-flight", type=int, default=DEFAULT_MAX_API_IN_FLIGHT, metavar="N",
+                   help="live generation requests (one per prompt) per client address over the "
+                        "OpenAI API; past it a call gets 429 too_many_in_flight "
+                        f"(default {DEFAULT_MAX_API_IN_FLIGHT})")
     g.add_argument("--no-client-restart", dest="client_restart", action="store_false",
                    help="refuse clients' restart op (restart_disabled); restarts are bounded by "
                         "the started pool and scheduler anyway")
@@ -88,9 +103,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              token=os.environ.get(TOKEN_ENV) or None,
                              max_frame_bytes=args.max_frame_bytes,
                              max_in_flight_per_conn=args.max_in_flight,
+                             max_api_in_flight=args.max_api_in_flight,
                              client_restart=args.client_restart, redact_tokens=args.redact_tokens,
                              max_outbox_bytes=args.max_outbox_bytes, step_buffer=args.step_buffer,
-                             served_model_name=tuple(args.served_model_name or ()))
+                             served_model_name=tuple(args.served_model_name or ()),
+                             allowed_hosts=tuple(args.allowed_hosts))
     except (BindRefused, KVScopeError, ValueError) as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2

@@ -43,6 +43,7 @@ from engine.server.health import Health, HealthBoard, ProgressCapture, Status
 from engine.server.mailbox import (
     Attach, Delivery, Detach, Letter, Mailbox, NewRun, Prepared, Reply, Shutdown, StepOut,
 )
+from engine.server.memory_hygiene import Trimmer, bound_cpu_shape_caches
 from engine.server.output_messages import finished_fields
 from engine.server.prompt_prep import PromptPrep
 from engine.server.request_book import MAX_N, RequestBook
@@ -85,10 +86,12 @@ class EngineWorker(threading.Thread):
         self.client_restart = client_restart
         self.restart_limits: RestartLimits | None = None
         self.stop_requested = threading.Event()  # set by the app before it sends Shutdown
+        self.trimmer = Trimmer()  # hands freed heap back to the OS now and then (memory_hygiene)
 
     # ---- lifecycle ---------------------------------------------------------------
 
     def run(self) -> None:
+        bound_cpu_shape_caches()  # before the model's first op (memory_hygiene)
         try:
             with ProgressCapture(self.board):
                 engine = self.engine_factory(self.config)
@@ -164,6 +167,7 @@ class EngineWorker(threading.Thread):
                 self._step()
             self._answer_snapshots()
             self._flush()
+            self.trimmer.tick()
 
     def _flush(self) -> None:
         if self._out:
@@ -173,14 +177,28 @@ class EngineWorker(threading.Thread):
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as exc:  # an engine fault: fail that step's requests, keep serving
+        except Exception as exc:  # a fault outside the forward: fail the running requests
             self._fail_step(exc)
             return
-        for out in outputs:
+        fault = self.engine.last_fault
+        if fault is not None:  # the forward raised; the engine failed only its culprits
+            for f in fault.failures:
+                self._tell_failed(f.request_id, f"the engine step running this request failed "
+                                                f"({f.detail}); the request was aborted")
+            self.board.note_step_failure(fault.detail, len(fault.failures))
+        for out in outputs:  # the failed requests' finished (abort) come first
             self._deliver(out)
 
+    def _tell_failed(self, rid: str, message: str) -> None:
+        owned = self.book.get(rid)
+        if owned is not None:
+            # no op: this answers no op (its submit was accepted); its finished follows
+            self._reply(owned.sink, Error(ErrorCode.INTERNAL, message, rid))
+
     def _fail_step(self, exc: Exception) -> None:
-        """A step raised: fail only the requests it held, so the next step can run.
+        """A step raised outside its forward (a forward that raises is isolated by the
+        engine itself, ``engine.step_isolation``): fail the requests it held, so the next
+        step can run.
 
         Which requests: the scheduler's ``running`` list after the failed step, that is
         every request the step scheduled (``schedule()`` moves the waiting ones it admits
@@ -207,11 +225,8 @@ class EngineWorker(threading.Thread):
         log.error("kvscope: engine step failed (%s); failing its %d request(s) %s",
                   detail, len(rids), rids[:8], exc_info=exc)
         for rid in rids:
-            owned = self.book.get(rid)
-            if owned is not None:
-                # no op: this answers no op (its submit was accepted); its finished follows
-                self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this request "
-                                              f"failed ({detail}); the request was aborted", rid))
+            self._tell_failed(rid, f"the engine step running this request failed ({detail}); "
+                                   f"the request was aborted")
             try:
                 self._abort(rid)
             except Exception:

@@ -10,7 +10,8 @@ SIGINT/SIGTERM; a graceful stop.
 The port is a Starlette app on uvicorn (HTTP on h11; websockets on the
 ``websockets`` package's sans-I/O protocol, ``ws_adapter``), so HTTP methods other
 than GET reach it (the websockets server's own parser refuses them). Its routes:
-``http.Gate``'s (``/healthz``, ``/metrics``, the websocket door) plus the subclass's.
+``http.Gate``'s (``/healthz``, ``/metrics``, the websocket door) plus the subclass's,
+behind ``http.HostCheck`` (the Host header rule, ``security.HostPolicy``).
 
 A subclass implements ``_start_work(post)`` (start the worker; ``post`` hands its
 delivery batches to the hub on the loop) and ``_stop_work()`` (end it: its last
@@ -36,13 +37,15 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from engine.server.health import HealthBoard
-from engine.server.http import Gate, not_found
+from engine.server.http import Gate, HostCheck, route_error
 from engine.server.hub import Hub, HubLimits
 from engine.server.hub_metrics import HubMetrics
 from engine.server.mailbox import Delivery, Mailbox
+from engine.server.security import HostPolicy
 from engine.server.ws_adapter import TransportWebSocketProtocol
 
 log = logging.getLogger("kvscope.server")
@@ -57,10 +60,11 @@ class FrontDoor:
     def __init__(self, *, host: str, port: int, db: str | None, record: bool, token: str | None,
                  max_frame_bytes: int, ping_interval: float | None, limits: HubLimits,
                  max_pending_ops: int, board: HealthBoard, metrics: HubMetrics,
-                 redact_tokens: bool = False) -> None:
+                 redact_tokens: bool = False, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.host, self.requested_port, self.db, self.record = host, port, db, record
         self.token, self.max_frame_bytes, self.ping_interval = token, max_frame_bytes, ping_interval
         self.port: int | None = None
+        self.host_policy = HostPolicy.for_bind(host, allowed_hosts)
         self.board = board
         self.metrics = metrics
         self.mailbox = Mailbox(max_pending_ops)
@@ -117,7 +121,8 @@ class FrontDoor:
     def asgi_app(self) -> Starlette:
         """The one app behind the port."""
         return Starlette(routes=self.gate.routes(self.hub) + self._routes(),
-                         exception_handlers={HTTPException: not_found})
+                         middleware=[Middleware(HostCheck, policy=self.host_policy)],
+                         exception_handlers={HTTPException: route_error})
 
     # ---- running ----------------------------------------------------------------------
 

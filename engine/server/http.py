@@ -10,7 +10,12 @@
   HTTP 503 and the health JSON, so a client knows to retry. Accepted, it is the
   Hub's for its life (protocol v2, unchanged).
 - ``GET /`` without an upgrade: a line saying what this port is.
-- Anything else: 404 JSON (the ``/v1`` routes answer in OpenAI's error shape).
+- ``HEAD`` on a GET route: the GET's status and headers, no body (uvicorn drops it).
+- Another method on a route: 405 with ``Allow`` (``GET, HEAD`` or ``POST``).
+- Anything else: 404 JSON. The API's paths (``/v1...``, ``/reset_prefix_cache``)
+  answer 404/405/403 in OpenAI's error shape, the others in ``{"error", "detail"}``.
+- Before any route (``HostCheck``): a Host header the ``HostPolicy`` refuses gets 403,
+  the websocket handshake included (DNS rebinding; see ``engine.server.security``).
 
 The OpenAI routes (``engine.server.api_routes``) share ``Gate`` for the token and Origin.
 """
@@ -25,13 +30,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from engine.openai.errors import ApiError
 from engine.server.health import HealthBoard, Status
 from engine.server.hub import Hub
 from engine.server.hub_metrics import HubMetrics
 from engine.server.prom import CONTENT_TYPE
-from engine.server.security import ALLOWED_ORIGINS, token_ok
+from engine.server.security import ALLOWED_ORIGINS, HostPolicy, token_ok
 from engine.server.ws_adapter import AsgiWebSocket
 
 WS_PATHS = ("/", "/ws")
@@ -118,15 +125,55 @@ class Gate:
                 *(Route(p, self.index, methods=["GET", "HEAD"]) for p in WS_PATHS)]
 
 
-async def not_found(request: Request, exc: Exception) -> Response:
-    """404/405 for paths outside the API (the API's own answer in OpenAI's shape)."""
+def is_api_path(path: str) -> bool:
+    """The OpenAI API's paths (vLLM's ``/reset_prefix_cache`` with them): their errors
+    come in OpenAI's shape."""
+    return path == "/v1" or path.startswith("/v1/") or path == "/reset_prefix_cache"
+
+
+def api_error_body(message: str, code: str) -> dict[str, Any]:
+    return ApiError(0, message, code=code).body()  # OpenAI's shape, as the API's own errors
+
+
+async def route_error(request: Request, exc: Exception) -> Response:
+    """404 for a path no route has, 405 (with ``Allow``) for a method its route does not take."""
     status = exc.status_code if isinstance(exc, HTTPException) else 404
-    path = request.url.path
-    if path.startswith("/v1"):
-        what = "no such route" if status == 404 else f"{request.method} is not allowed here"
-        return JSONResponse({"error": {"message": f"{what}: {request.method} {path}",
-                                       "type": "invalid_request_error", "param": None,
-                                       "code": "not_found" if status == 404 else "method_not_allowed"}},
-                            status)
-    return JSONResponse({"error": "not_found", "detail": f"no {path!r}; try /healthz, /metrics, "
-                                                         f"/v1 or a websocket on /"}, status)
+    path, method = request.url.path, request.method
+    headers: dict[str, str] = {}
+    if status == 405:
+        given = (getattr(exc, "headers", None) or {}).get("Allow", "")
+        # sorted: Starlette joins a set, whose order changes from one process to the next
+        allow = ", ".join(sorted(m.strip() for m in given.split(",") if m.strip()))
+        headers["Allow"] = allow
+        what, code = f"{method} is not allowed on {path}; it takes {allow}", "method_not_allowed"
+    else:
+        what, code = f"no such route: {method} {path}", "not_found"
+    if is_api_path(path):
+        return JSONResponse(api_error_body(what, code), status, headers)
+    if status == 404:
+        what += "; try /healthz, /metrics, /v1 or a websocket on /"
+    return JSONResponse({"error": code, "detail": what}, status, headers)
+
+
+class HostCheck:
+    """ASGI middleware: refuse (403) HTTP requests and websocket handshakes whose Host
+    header the policy does not allow, before any route or token check runs."""
+
+    def __init__(self, app: ASGIApp, policy: HostPolicy) -> None:
+        self.app, self.policy = app, policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and self.policy.check:
+            host = next((v.decode("latin-1") for k, v in scope.get("headers", ())
+                         if k == b"host"), None)
+            if not self.policy.allows(host):
+                message = self.policy.refusal(host)
+                body = (api_error_body(message, "host_not_allowed") if is_api_path(scope.get("path", ""))
+                        else {"error": "host_not_allowed", "detail": message})
+                response = JSONResponse(body, 403)
+                if scope["type"] == "websocket":
+                    await WebSocket(scope, receive, send).send_denial_response(response)
+                else:
+                    await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -149,11 +149,12 @@ def test_a_failed_forward_leaves_no_hash_on_blocks_it_never_wrote(tiny_llama, mo
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(eng.runner, "execute", broken)
-    with pytest.raises(RuntimeError, match="device lost"):
-        eng.step()
+    (failed,) = eng.step()  # alone in its step: the engine fails it (engine.step_isolation)
+    assert (failed.request_id, failed.finished, failed.outputs[0].finish_reason) == ("doomed", True, "abort")
+    assert [(f.request_id, f.detail) for f in eng.last_fault.failures] == [("doomed", "RuntimeError: device lost")]
     assert not eng.scheduler.kv.pool.cached  # the 4 full prompt blocks lost their hashes
+    assert not eng.has_unfinished_requests()
     monkeypatch.undo()
-    eng.abort_request("doomed")
     out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2))
     assert out[0].num_cached_tokens == 0  # recomputed, not read from unwritten blocks
     again = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2))

@@ -159,3 +159,22 @@ def test_miss_causes_add_up_to_queries_minus_hits(steps):
                 f"prefix_cache_miss_disabled{suffix}"]
         assert (o["prefix_cache_resumed_queries"], o["prefix_cache_resumed_hits"]) == \
             (totals["resumed_q"], totals["resumed_h"])
+
+
+def test_latency_percentiles_keep_a_bounded_window():
+    """Percentiles rank the latest MAX_LATENCY_SAMPLES observations. Before this (main at
+    b923685) every observation of the run stayed in a sorted list: memory grew with
+    every token served and each insert moved the whole list (a soak's steps slowed)."""
+    from engine.events.metrics import MAX_LATENCY_SAMPLES, LatencyWindow
+
+    w = LatencyWindow(4)
+    for v in (5.0, 1.0, 3.0, 1.0, 2.0, 9.0):
+        w.add(v)
+    assert w.sorted == [1.0, 2.0, 3.0, 9.0] and len(w) == 4  # 5.0 and the first 1.0 left
+    m = MetricsTracker(MetricsConfig(4, 4, 16))
+    s = snap()
+    n = MAX_LATENCY_SAMPLES + 1000
+    o = m.update([], summarize_snapshot(s), 0.0, LatencyObservations(itl_s=tuple(float(i) for i in range(n))))
+    assert len(m._samples["itl"]) == MAX_LATENCY_SAMPLES
+    latest = [float(i) for i in range(1000, n)]
+    assert o["itl_p50_s"] == pytest.approx(percentile(latest, 50)) and o["itl_p99_s"] == pytest.approx(percentile(latest, 99))

@@ -1,10 +1,13 @@
 """Issue 17 items 1-2, the engine thread's part: a step that raises fails only the
-requests it held, and the engine keeps serving everyone else.
+request that makes it raise, and the engine keeps serving everyone else.
 
 The faults are injected into the runner (a token id that makes ``execute`` raise), so
-these tests hold whatever the admission checks catch first. Before the fix (main at
-7416b2c) the step handler aborted every live request of every sink: ``waiting`` below
-ended with ``error``/``abort`` instead of ``finished``/``length``."""
+these tests hold whatever the admission checks catch first. Before the first fix (main
+at 7416b2c) the step handler aborted every live request of every sink: ``waiting`` below
+ended with ``error``/``abort`` instead of ``finished``/``length``. Before the second
+(main at b923685) every request of the failed step failed: ``good`` below, which shares
+the step with ``bad``, ended with ``internal``/``abort``; now the engine runs the step's
+requests one by one and fails only ``bad`` (engine.step_isolation)."""
 
 from __future__ import annotations
 
@@ -41,7 +44,17 @@ def _outcome(sink, rid: str) -> tuple[str | None, str | None]:
     return err, fin.outputs[0].finish_reason if fin else None
 
 
-def test_a_failing_step_fails_only_the_requests_it_held(make_door):
+def _serves_on_and_counts(door, sink, fault: str) -> None:
+    """After one failed step that failed one request: the engine keeps serving, and
+    says what happened."""
+    door.mailbox.send(sink, Submit(prompt=[5, 6, 7], params=LONG, request_id="after"))
+    door.pump(lambda: sink.finished("after") is not None)
+    assert _outcome(sink, "after") == (None, "length")
+    faults = door.board.current.faults
+    assert (faults.steps, faults.requests) == (1, 1) and fault in faults.last
+
+
+def test_a_failing_step_fails_only_its_culprit(make_door):
     # Two sequences run at once: "good" and "bad" share the failing step, "waiting"
     # (a third sink's) waits for a slot and is in no step when it fails.
     door = make_door(engine={"max_num_seqs": 2})
@@ -51,19 +64,15 @@ def test_a_failing_step_fails_only_the_requests_it_held(make_door):
     door.mailbox.send(b, Submit(prompt=[5, 6, POISON], params=LONG, request_id="bad"))
     door.mailbox.send(c, Submit(prompt=[7, 8, 9], params=LONG, request_id="waiting"))
     door.pump(lambda: all(s.finished(r) for s, r in ((a, "good"), (b, "bad"), (c, "waiting"))))
-    assert refused == [["good", "bad"]]  # one failed step, and these two were in it
-    assert _outcome(a, "good") == ("internal", "abort")
+    assert refused == [["good", "bad"]] + [["bad"]]  # one failed step; then bad alone failed
+    assert _outcome(a, "good") == (None, "length")
+    assert len(a.finished("good").outputs[0].token_ids) == 20
     assert _outcome(b, "bad") == ("internal", "abort")
     err = next(i for i in b.items if isinstance(i, Error))
     assert (err.op, "injected fault" in err.message) == (None, True)  # no op: not a verdict
     assert _outcome(c, "waiting") == (None, "length")  # untouched by the fault
     assert len(c.finished("waiting").outputs[0].token_ids) == 20
-    # the engine keeps serving, and says what happened
-    door.mailbox.send(a, Submit(prompt=[5, 6, 7], params=LONG, request_id="after"))
-    door.pump(lambda: a.finished("after") is not None)
-    assert _outcome(a, "after") == (None, "length")
-    faults = door.board.current.faults
-    assert (faults.steps, faults.requests) == (1, 2) and "injected fault" in faults.last
+    _serves_on_and_counts(door, a, "injected fault")
     assert door.board.current.to_dict()["step_failures"]["steps"] == 1
     # the published events still rebuild the engine's true state (aborts freed the blocks)
     first = next(d for d in door.seen if isinstance(d, NewRun))
@@ -129,3 +138,25 @@ def test_issue_17_frames_fail_only_their_request(make_server):
     assert health["status"] == "ready" and "step_failures" not in health  # no step failed
     for ws in (other, bad, late):
         ws.close()
+
+
+def test_a_fault_outside_the_forward_fails_the_running_requests(door):
+    # schedule() itself raises (an engine bug, not a request's forward): there is no
+    # forward to rerun piece by piece, so what runs is failed, and serving goes on.
+    sched = door.worker.engine.scheduler
+    schedule, raised = sched.schedule, []
+
+    def faulty():
+        r = sched.requests.get("running")
+        if r is not None and r.num_output_tokens == 2 and not raised:
+            raised.append(True)
+            raise RuntimeError("scheduler fault")
+        return schedule()
+
+    sched.schedule = faulty  # the engine thread is idle (nothing submitted yet)
+    a = door.sink()
+    door.mailbox.send(a, Submit(prompt=[5, 6, 7], params=LONG, request_id="running"))
+    door.pump(lambda: a.finished("running") is not None)
+    assert raised and _outcome(a, "running") == ("internal", "abort")
+    assert len(a.finished("running").outputs[0].token_ids) == 2
+    _serves_on_and_counts(door, a, "scheduler fault")
