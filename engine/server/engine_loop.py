@@ -183,17 +183,18 @@ class EngineWorker(threading.Thread):
         fault = self.engine.last_fault
         if fault is not None:  # the forward raised; the engine failed only its culprits
             for f in fault.failures:
-                self._tell_failed(f.request_id, f"the engine step running this request failed "
-                                                f"({f.detail}); the request was aborted")
+                self._tell_failed(f.request_id, f.detail)
             self.board.note_step_failure(fault.detail, len(fault.failures))
         for out in outputs:  # the failed requests' finished (abort) come first
             self._deliver(out)
 
-    def _tell_failed(self, rid: str, message: str) -> None:
+    def _tell_failed(self, rid: str, detail: str) -> None:
+        """Tell ``rid``'s submitter that its step failed (``detail``: what raised)."""
         owned = self.book.get(rid)
         if owned is not None:
             # no op: this answers no op (its submit was accepted); its finished follows
-            self._reply(owned.sink, Error(ErrorCode.INTERNAL, message, rid))
+            self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this "
+                                          f"request failed ({detail}); the request was aborted", rid))
 
     def _fail_step(self, exc: Exception) -> None:
         """A step raised outside its forward (a forward that raises is isolated by the
@@ -225,8 +226,7 @@ class EngineWorker(threading.Thread):
         log.error("kvscope: engine step failed (%s); failing its %d request(s) %s",
                   detail, len(rids), rids[:8], exc_info=exc)
         for rid in rids:
-            self._tell_failed(rid, f"the engine step running this request failed ({detail}); "
-                                   f"the request was aborted")
+            self._tell_failed(rid, detail)
             try:
                 self._abort(rid)
             except Exception:
