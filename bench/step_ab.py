@@ -8,6 +8,7 @@
     python -m bench.step_ab decode_kernel --batch 64  # gather + SDPA vs the C++ decode kernel
     python -m bench.step_ab fused --batch 1  # torch's small elementwise ops vs kernels/cpu_fused.cpp
     python -m bench.step_ab cpu_kernels --batch 64  # neither of the two above vs both
+    python -m bench.step_ab kernel_openmp --batch 64  # the C++ kernels built without / with -fopenmp
 
 ``--batch N`` times decode steps of N sequences with 64-token synthetic prompts
 (bench/cpu_units.py's DecodeBatch, as the roofline's units) instead of the workload's 16
@@ -20,8 +21,9 @@ same requests, so drift hits both alike; both settings give the same tokens, so 
 run itself does not care which one computed a step. Reported: median and min step
 time per setting, split into prefill steps (a 512-token budget of prompt chunks)
 and decode steps (16 running sequences), and the median over adjacent (A, B) pairs
-of B's time / A's time, by wall clock and by the process's CPU time (all threads; steadier
-when other jobs share the box).
+of B's time / A's time, by wall clock, by the process's CPU time (all threads; steadier
+when other jobs share the box) and by the calling thread's CPU time (the step's serial
+sections plus its share of the parallel ones: on a quiet box, about the step's wall time).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ _SETTINGS = {
     "decode_kernel": ("gather + SDPA", "C++ kernel"),
     "fused": ("torch elementwise ops", "fused C++ ops"),
     "cpu_kernels": ("torch only", "decode kernel + fused ops"),
+    "kernel_openmp": ("one-thread kernels", "OpenMP kernels"),
 }
 
 
@@ -72,10 +75,15 @@ def _apply(kind: str, setting: str, engine) -> None:
         from kernels import cpu_fused
 
         cpu_fused.KERNELS.on = setting == "fused C++ ops"
-    elif kind == "cpu_kernels":  # both of the above
-        from kernels import cpu_fused
+    elif kind == "cpu_kernels":  # both of the above, and the C++ cache write
+        from kernels import cpu_attention, cpu_fused
 
-        engine.runner.backend.decode_kernel = cpu_fused.KERNELS.on = setting != "torch only"
+        on = setting != "torch only"
+        engine.runner.backend.decode_kernel = cpu_fused.KERNELS.on = cpu_attention.KERNELS.on = on
+    elif kind == "kernel_openmp":  # kernels/cpu_build.py loads the build of this setting
+        from kernels import cpu_build
+
+        cpu_build.OPENMP = setting == "OpenMP kernels"
 
 
 def _order(k: int, a: str, b: str) -> str:
@@ -89,9 +97,9 @@ def _paired_ratio(ta: list[float], tb: list[float]) -> float:
 
 
 def _timed_step(engine, times, phase, setting) -> None:
-    t, c = time.perf_counter(), time.process_time()
+    t, c, tc = time.perf_counter(), time.process_time(), time.thread_time()
     engine.step()
-    times[(phase, setting)].append((time.perf_counter() - t, time.process_time() - c))
+    times[(phase, setting)].append((time.perf_counter() - t, time.process_time() - c, time.thread_time() - tc))
 
 
 def run(kind: str, steps: int = 40, model: str = "smollm2-135m", batch: int | None = None,
@@ -106,7 +114,7 @@ def run(kind: str, steps: int = 40, model: str = "smollm2-135m", batch: int | No
     cascade = kind.startswith("cascade")
     name = "shared_prefix" if cascade else "mixed"
     a, b = _SETTINGS[kind]
-    times: dict[tuple[str, str], list[tuple[float, float]]] = {
+    times: dict[tuple[str, str], list[tuple[float, float, float]]] = {  # wall, process CPU, thread CPU
         (p, s): [] for p in ("prefill", "decode") for s in (a, b)}
     if batch is not None:
         from bench.cpu_units import DecodeBatch, decode_max_tokens
@@ -156,11 +164,13 @@ def run(kind: str, steps: int = 40, model: str = "smollm2-135m", batch: int | No
             continue
         row = {}
         for setting, ts in ((a, ta), (b, tb)):
-            walls, cpus = [w for w, _ in ts], [c for _, c in ts]
+            walls, cpus, mains = [w for w, _, _ in ts], [c for _, c, _ in ts], [m for _, _, m in ts]
             row[setting] = {"median_ms": 1e3 * statistics.median(walls), "min_ms": 1e3 * min(walls),
-                            "median_cpu_ms": 1e3 * statistics.median(cpus), "n": len(ts)}
-        row["ratio_b_over_a"] = _paired_ratio([w for w, _ in ta], [w for w, _ in tb])
-        row["cpu_ratio_b_over_a"] = _paired_ratio([c for _, c in ta], [c for _, c in tb])
+                            "median_cpu_ms": 1e3 * statistics.median(cpus),
+                            "median_main_cpu_ms": 1e3 * statistics.median(mains), "n": len(ts)}
+        row["ratio_b_over_a"] = _paired_ratio([w for w, _, _ in ta], [w for w, _, _ in tb])
+        row["cpu_ratio_b_over_a"] = _paired_ratio([c for _, c, _ in ta], [c for _, c, _ in tb])
+        row["main_cpu_ratio_b_over_a"] = _paired_ratio([m for _, _, m in ta], [m for _, _, m in tb])
         out["phases"][phase] = row
     return out
 
@@ -178,10 +188,12 @@ def main() -> None:
     a, b = res["settings"]
     print(f"{res['threads']} torch threads, decode batch {res['batch']}")
     for phase, r in res["phases"].items():
-        print(f"{args.kind} / {phase}: {a} median {r[a]['median_ms']:.0f} ms (min {r[a]['min_ms']:.0f}, "
-              f"CPU {r[a]['median_cpu_ms']:.0f}), {b} median {r[b]['median_ms']:.0f} ms "
-              f"(min {r[b]['min_ms']:.0f}, CPU {r[b]['median_cpu_ms']:.0f}); {b} / {a} = "
-              f"{r['ratio_b_over_a']:.2f} by wall, {r['cpu_ratio_b_over_a']:.2f} by CPU time")
+        print(f"{args.kind} / {phase}: {a} median {r[a]['median_ms']:.1f} ms (min {r[a]['min_ms']:.1f}, "
+              f"CPU {r[a]['median_cpu_ms']:.1f}, calling thread {r[a]['median_main_cpu_ms']:.1f}), "
+              f"{b} median {r[b]['median_ms']:.1f} ms (min {r[b]['min_ms']:.1f}, CPU {r[b]['median_cpu_ms']:.1f}, "
+              f"calling thread {r[b]['median_main_cpu_ms']:.1f}); {b} / {a} = {r['ratio_b_over_a']:.3f} by wall, "
+              f"{r['cpu_ratio_b_over_a']:.3f} by CPU time, {r['main_cpu_ratio_b_over_a']:.3f} by the calling "
+              "thread's CPU time")
     print(f"load average after: {res['loadavg']}")
 
 

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -196,7 +197,41 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
   });
 }
 
+// The step's new K/V rows into their cache slots: key / value [T, kv_heads, head_dim] (each
+// token's heads contiguous, any row stride: views of the fused QKV output), slots int64 [T],
+// all valid. What two index_copy_ calls did (a plain copy, so bitwise the same), without
+// their ~30 us of dispatch each per layer at 64 rows.
+void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
+              const at::Tensor& slots) {
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.scalar_type() == at::kFloat && key_cache.is_contiguous() &&
+                  value_cache.sizes() == key_cache.sizes() && value_cache.scalar_type() == at::kFloat &&
+                  value_cache.is_contiguous() && key_cache.device().is_cpu() && value_cache.device().is_cpu(),
+              "the caches must be contiguous float32 CPU [num_blocks, block_size, kv_heads, head_dim]");
+  const int64_t n_slots = key_cache.size(0) * key_cache.size(1), kvh = key_cache.size(2), hd = key_cache.size(3);
+  TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.device().is_cpu(),
+              "slots must be contiguous int64 [T]");
+  const int64_t T = slots.size(0);
+  for (const at::Tensor* t : {&key, &value})
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == T && t->size(1) == kvh && t->size(2) == hd &&
+                    t->scalar_type() == at::kFloat && t->device().is_cpu() && t->stride(2) == 1 && t->stride(1) == hd,
+                "key and value must be float32 CPU [T, kv_heads, head_dim] with contiguous heads");
+  const int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(s[t] >= 0 && s[t] < n_slots, "slot ", s[t], " of token ", t, " is not a slot of the cache");
+  const int64_t row = kvh * hd;
+  const float* k = key.data_ptr<float>();
+  const float* v = value.data_ptr<float>();
+  float* kc = key_cache.data_ptr<float>();
+  float* vc = value_cache.data_ptr<float>();
+  const int64_t lk = key.stride(0), lv = value.stride(0);
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(kc + s[t] * row, k + t * lk, sizeof(float) * row);
+    std::memcpy(vc + s[t] * row, v + t * lv, sizeof(float) * row);
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("write_kv", &write_kv, "key / value [T, kv_heads, head_dim] into their slots of the paged caches");
   m.def("paged_decode_attention", &paged_decode_attention,
         "one query token per sequence attends over its paged K/V context (float32), into out's rows");
 }

@@ -5,7 +5,8 @@ copy and no SDPA call per layer.
 Used by `kernels.torch_paged` for the decodes that do not share a cached prefix (those
 take the cascade path) when the extension builds here; otherwise that module's batched
 gather + SDPA runs, with the same results to float32 rounding. ``KVSCOPE_CPU_DECODE_KERNEL=0``
-turns it off (for A/B runs: ``python -m bench.step_ab decode_kernel``).
+turns it off (for A/B runs: ``python -m bench.step_ab decode_kernel``), and with it
+``write_kv``, the same file's copy of a step's new K/V rows into the cache.
 """
 
 from __future__ import annotations
@@ -25,6 +26,21 @@ def can_run(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Ten
     return (query.device.type == "cpu" and query.dtype == torch.float32
             and query.stride(2) == 1 and query.stride(1) == query.shape[2]
             and all(c.dtype == torch.float32 and c.is_contiguous() for c in (key_cache, value_cache)))
+
+
+def can_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """``write_kv``'s inputs: float32 CPU rows with contiguous heads, contiguous caches;
+    and the kernels on (the same switch as the decode kernel)."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1
+                and t.stride(-2) == t.shape[-1] for t in (key, value))
+            and all(c.dtype == torch.float32 and c.is_contiguous() for c in (key_cache, value_cache))
+            and decode_kernel_enabled())
+
+
+def write_kv(key, value, key_cache, value_cache, slots) -> None:
+    """Copy key / value [T, kv_heads, head_dim] into cache slots ``slots`` (int64 [T], all
+    valid); bitwise ``reshape_and_cache_ref``, in one call instead of two ``index_copy_``."""
+    extension().write_kv(key, value, key_cache, value_cache, slots)
 
 
 def paged_decode_attention(query, key_cache, value_cache, rows, block_tables, seq_lens, scale, out) -> None:

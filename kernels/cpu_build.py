@@ -1,9 +1,9 @@
 """Build and load the C++ CPU kernels (kernels/*.cpp) with torch's cpp_extension.
 
-Each source is compiled on first use in a process (``-O3 -march=native``; needs a C++
-compiler and ninja; ~30-60 s the first time on a machine), then loaded from torch's
-cache (``~/.cache/torch_extensions``, or ``TORCH_EXTENSIONS_DIR``) in well under a
-second. ``make install`` builds them once ahead of time.
+Each source is compiled on first use in a process (``-O3 -march=native``, and
+``-fopenmp`` where torch's threads are OpenMP's; needs a C++ compiler and ninja; ~30-60 s
+the first time on a machine), then loaded from torch's cache (``~/.cache/torch_extensions``,
+or ``TORCH_EXTENSIONS_DIR``) in well under a second. ``make install`` builds them once ahead of time.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-_loaded: dict[str, object] = {}
+_loaded: dict[tuple[str, bool], object] = {}  # by (source, OpenMP build)
 _lock = threading.Lock()
 _lock_enabled = threading.Lock()
 
@@ -43,25 +43,52 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
+# Off with KVSCOPE_CPU_OPENMP=0 (and flipped by ``python -m bench.step_ab kernel_openmp``):
+# the kernels are then built without -fopenmp, as before issue 19, and run on one thread.
+# Read at each load; both builds can live in one process (they have different names).
+OPENMP = os.environ.get("KVSCOPE_CPU_OPENMP", "1") != "0"
+_TORCH_OPENMP: bool | None = None  # torch's parallel backend is OpenMP; asked once
+
+
+def openmp_flags() -> list[str]:
+    """``-fopenmp`` when torch's intra-op threads are OpenMP's (the pip wheels' build).
+
+    ``at::parallel_for`` is a header template: compiled without ``-fopenmp`` it runs its
+    whole range on the calling thread (ATen/ParallelOpenMP.h defines the parallel path
+    only under ``_OPENMP``), so every kernel here ran on one thread while the other
+    slept (issue 19: the decode kernel's attention, 12% of a 64-sequence step). The
+    extension links ``libgomp.so.1``, which resolves to the copy torch already loaded
+    (same soname), so the kernels share torch's thread pool and its wait policy."""
+    global _TORCH_OPENMP
+    if _TORCH_OPENMP is None:
+        import torch
+
+        _TORCH_OPENMP = torch.backends.openmp.is_available()
+    return ["-fopenmp"] if OPENMP and _TORCH_OPENMP else []
+
+
 def load_cpu_extension(source: str, extra_cflags: tuple[str, ...] = ()):
     """The compiled module of ``kernels/<source>`` (built once per machine and flags).
 
     Raises KernelUnavailableError, saying why, when it cannot be built."""
+    omp = openmp_flags()
+    key = (source, bool(omp))
     with _lock:
-        if source not in _loaded:
+        if key not in _loaded:
             from torch.utils import cpp_extension
 
             _ninja_on_path()
             src = Path(__file__).with_name(source)
-            try:
-                _loaded[source] = cpp_extension.load(
-                    name=f"kvscope_{src.stem}", sources=[str(src)],
-                    extra_cflags=["-O3", "-march=native", *extra_cflags], verbose=False)
+            try:  # the OpenMP build has its own name: both builds stay in torch's cache
+                _loaded[key] = cpp_extension.load(
+                    name=f"kvscope_{src.stem}{'_omp' if omp else ''}", sources=[str(src)],
+                    extra_cflags=["-O3", "-march=native", *omp, *extra_cflags], extra_ldflags=omp,
+                    verbose=False)
             except Exception as exc:  # noqa: BLE001 (compiler missing, build error, ...)
                 raise KernelUnavailableError(
                     f"the C++ kernels in kernels/{source} failed to build ({type(exc).__name__}: {exc}); "
                     "they need a C++ compiler and ninja") from exc
-        return _loaded[source]
+        return _loaded[key]
 
 
 class DefaultPathKernels:

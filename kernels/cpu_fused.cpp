@@ -26,9 +26,11 @@ extern "C" __m512 Sleef_expf16_u10(__m512);  // ATen's vectorized exp on AVX-512
 
 namespace {
 
-// Rows per task: small batches stay on one thread (an OpenMP region costs more than
-// the work), prefill-sized ones are split.
-inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, (1 << 17) / std::max<int64_t>(1, width)); }
+// Rows per task: at least this many elements each, so a batch-1 row stays on one thread
+// (an OpenMP region costs more than the work) while decode batches of tens of rows and
+// prefill chunks are split.
+constexpr int64_t GRAIN_ELEMS = 1 << 14;
+inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, GRAIN_ELEMS / std::max<int64_t>(1, width)); }
 
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.stride(1) == 1 && t.device().is_cpu(), name,

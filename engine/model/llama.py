@@ -89,15 +89,21 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        h: torch.Tensor,  # [T, hidden]
+        h: torch.Tensor,  # [T, hidden], the residual stream: updated in place
+        pending: torch.Tensor | None,  # the previous layer's MLP output, not yet added to h
         rope: RopeTables,
         meta: AttentionMetadata,
         kv_cache: KVCache,
         backend: AttentionBackend,
     ) -> torch.Tensor:
+        """This layer's MLP output, for the next layer (or the final norm) to add to ``h``.
+
+        Each residual add is folded into the norm that follows it (vLLM's fused
+        add + RMSNorm): the same float32 sums as ``h + x``, one pass over ``h`` fewer."""
         d, T = self.d, h.shape[0]
         q_size, kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
-        qkv = self.qkv_proj(self.input_layernorm(h))  # [T, q_size + 2 * kv_size]
+        normed = self.input_layernorm(h) if pending is None else self.input_layernorm.add_and_norm(pending, h)
+        qkv = self.qkv_proj(normed)  # [T, q_size + 2 * kv_size]
         # q and k heads rotated together (one strided view of the fused output), then
         # split back as views; v stays a view too (the cache write copies it)
         qk = rope.apply(qkv[:, : q_size + kv_size].view(T, d.num_heads + d.num_kv_heads, d.head_dim))
@@ -106,9 +112,9 @@ class LlamaDecoderLayer(nn.Module):
         key_cache, value_cache = kv_cache
         backend.write_kv(k, v, key_cache, value_cache, meta)
         attn = backend.attend(q, key_cache, value_cache, meta, self.scale)  # [T, heads, hd]
-        # h += o_proj(attn) in place (h is this layer's own input), normed in the same pass
+        # h += o_proj(attn) in place, normed in the same pass
         normed = self.post_attention_layernorm.add_and_norm(self.o_proj(attn.reshape(T, q_size)), h)
-        return h + self.down_proj(self.act(self.gate_up_proj(normed)))
+        return self.down_proj(self.act(self.gate_up_proj(normed)))
 
 
 class LlamaForCausalLM(CausalLM):
@@ -164,11 +170,12 @@ class LlamaForCausalLM(CausalLM):
     ) -> torch.Tensor:
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"need {self.num_layers} KV caches, got {len(kv_caches)}")
-        h = self.embed_tokens[input_ids]  # [T, hidden]
+        h = self.embed_tokens[input_ids]  # [T, hidden]; a copy, so the layers may add into it
         rope = self.rotary.tables(positions, h.dtype)  # shared by every layer
+        pending = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            h = layer(h, rope, meta, kv_cache, backend)
-        return self.norm(h)
+            pending = layer(h, pending, rope, meta, kv_cache, backend)
+        return self.norm(h) if pending is None else self.norm.add_and_norm(pending, h)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -85,3 +85,60 @@ def test_the_cpu_backend_plans_for_the_kernel_unless_turned_off(monkeypatch):
     monkeypatch.setattr(cpu_attention.KERNELS, "on", None)  # decided again, as in a fresh process
     monkeypatch.setenv("KVSCOPE_CPU_DECODE_KERNEL", "0")
     assert select_backend("torch", "cpu").decode_kernel is False
+
+
+@pytest.mark.parametrize("block_size,kv_heads,head_dim", [(1, 1, 16), (4, 3, 64), (16, 2, 24)])
+def test_write_kv_is_the_reference_cache_write_bitwise(block_size, kv_heads, head_dim):
+    from kernels.reference import reshape_and_cache_ref
+    from kernels.torch_paged import reshape_and_cache_fast
+
+    g = torch.Generator().manual_seed(block_size * 100 + head_dim)
+    num_blocks, T = 12, 9
+    caches = [torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g) for _ in range(2)]
+    # key and value as the model hands them: strided views of one fused projection row
+    fused = torch.randn(T, 3 * kv_heads + 1, head_dim, generator=g)
+    key, value = fused[:, :kv_heads], fused[:, 2 * kv_heads:3 * kv_heads]
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:T]
+    assert cpu_attention.can_write(key, value, *caches)
+    want = [c.clone() for c in caches]
+    reshape_and_cache_ref(key, value, want[0], want[1], slots)
+    reshape_and_cache_fast(key, value, caches[0], caches[1], slots, all_valid=True)
+    assert torch.equal(caches[0], want[0]) and torch.equal(caches[1], want[1])
+
+
+def test_write_kv_refuses_a_slot_outside_the_cache():
+    kc, vc = torch.zeros(2, 4, 1, 16), torch.zeros(2, 4, 1, 16)
+    k = torch.ones(2, 1, 16)
+    with pytest.raises(RuntimeError, match="is not a slot of the cache"):
+        cpu_attention.write_kv(k, k, kc, vc, torch.tensor([3, 8]))
+    assert not kc.any() and not vc.any()  # checked before anything is written
+
+
+def test_the_kernels_run_on_every_torch_thread():
+    """Built with -fopenmp (kernels/cpu_build.py), at::parallel_for splits a 64-sequence
+    decode across torch's threads; built without it, the calling thread did all of it.
+    The split is static, so the other thread's half shows in the process's CPU time
+    however late a loaded box schedules it."""
+    import time
+
+    from kernels import cpu_build
+
+    if not cpu_build.openmp_flags():
+        pytest.skip("torch's threads are not OpenMP's here")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        D, kvh, G, hd, bs, L = 64, 3, 3, 64, 16, 1024
+        nb = L // bs
+        kc, vc = torch.randn(D * nb, bs, kvh, hd), torch.randn(D * nb, bs, kvh, hd)
+        tables = torch.randperm(D * nb).view(D, nb).int()
+        query, out = torch.randn(D, kvh * G, hd), torch.empty(D, kvh * G, hd)
+        rows, lens = torch.arange(D), torch.full((D,), L, dtype=torch.int32)
+        t_proc, t_main = time.process_time(), time.thread_time()
+        for _ in range(3):
+            cpu_attention.paged_decode_attention(query, kc, vc, rows, tables, lens, 0.125, out)
+        main = time.thread_time() - t_main
+        other = time.process_time() - t_proc - main
+        assert other > 0.3 * main, f"the other torch thread did {other:.4f} s to the caller's {main:.4f} s"
+    finally:
+        torch.set_num_threads(before)
