@@ -293,7 +293,8 @@ def reshape_and_cache_fast(
     if not all_valid:
         valid = slot_mapping >= 0
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
-    if cpu_attention.can_write(key, value, key_cache, value_cache) and slot_mapping.is_contiguous():
+    if (cpu_attention.can_write(key, value, key_cache, value_cache) and slot_mapping.dtype == torch.int64
+            and slot_mapping.is_contiguous()):
         cpu_attention.write_kv(key, value, key_cache, value_cache, slot_mapping)
         return
     num_blocks, block_size, kv_heads, head_dim = key_cache.shape
