@@ -32,6 +32,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="how n > 1 samples share KV blocks: cow = copy-on-write forks "
                    "(paper / vLLM v0), prefix_cache = child requests sharing full prompt "
                    "blocks through the prefix cache (vLLM v1)")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "fair"],
+                   help="fcfs = vLLM's arrival order; fair = each client's k-th request before "
+                   "anyone's (k+1)-th, preempting the client holding the most sequences when "
+                   "another cannot get a seat (serve's default; with one client it is fcfs)")
     g.add_argument("--device", default="auto")
     g.add_argument("--dtype", default="auto",
                    help="auto, float32, bfloat16 (on the CPU: bf16 weights, float32 compute), float16")
