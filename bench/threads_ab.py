@@ -38,6 +38,7 @@ from pathlib import Path
 POLICIES: dict[str, tuple[str, int, dict[str, str]]] = {
     "1t": ("1 thread", 1, {}),
     "2t-passive": ("2 threads, OMP_WAIT_POLICY=PASSIVE", 2, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "2t-spin1k": ("2 threads, GOMP_SPINCOUNT=1000", 2, {"GOMP_SPINCOUNT": "1000"}),
     "2t-spin10k": ("2 threads, GOMP_SPINCOUNT=10000", 2, {"GOMP_SPINCOUNT": "10000"}),
     # libgomp's own default (OMP_WAIT_POLICY unset), stated explicitly so that a default
     # kvscope sets when nothing is exported stays out of this worker

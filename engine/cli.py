@@ -32,6 +32,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="how n > 1 samples share KV blocks: cow = copy-on-write forks "
                    "(paper / vLLM v0), prefix_cache = child requests sharing full prompt "
                    "blocks through the prefix cache (vLLM v1)")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "fair"],
+                   help="fcfs = vLLM's arrival order; fair = each client's k-th request before "
+                   "anyone's (k+1)-th, preempting the client holding the most sequences when "
+                   "another cannot get a seat (serve's default; with one client it is fcfs)")
     g.add_argument("--device", default="auto")
     g.add_argument("--dtype", default="auto",
                    help="auto, float32, bfloat16 (on the CPU: bf16 weights, float32 compute), float16")
@@ -107,7 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _use(argv: list[str]) -> str:
+    """What the command line is for, as the OpenMP wait policy sees it: "serve" beside
+    the dashboard, "offline" for everything else (engine/cpu_threads.py)."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    return "serve" if command == "serve" else "offline"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from engine.cpu_threads import set_default_wait_policy
+
+    argv = sys.argv[1:] if argv is None else argv
+    set_default_wait_policy(_use(argv))  # first: registering subcommands may import torch
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from engine.core.config import check_block_size, check_n_sharing
+from engine.core.config import check_block_size, check_n_sharing, check_scheduling_policy
 from engine.core.errors import ConfigError
 from engine.kv_events.config import KVEventsConfig
 
@@ -45,6 +45,8 @@ class EngineConfig:
     enable_events: bool = True
     # n > 1 sharing: "cow" (paper / vLLM v0 forks) or "prefix_cache" (vLLM v1 child requests)
     n_sharing: str = "cow"
+    # the order requests are served in: "fcfs" (vLLM's) or "fair" (per client; serve's default)
+    scheduling_policy: str = "fcfs"
     kv_events_config: KVEventsConfig | None = None  # vLLM-format KV cache events (engine.kv_events)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,7 @@ class EngineConfig:
             raise ConfigError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         check_block_size(self.block_size)
         check_n_sharing(self.n_sharing)
+        check_scheduling_policy(self.scheduling_policy)
         self._check_kv_events()
 
     def _check_kv_events(self) -> None:

@@ -135,10 +135,11 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None,
                     request_id: str | None = None, messages: list[dict] | None = None,
-                    tokenized: tuple[str | None, list[int]] | None = None) -> str:
+                    tokenized: tuple[str | None, list[int]] | None = None, client: str = "") -> str:
         """Tokenize and queue a request; raises KVScopeError subclasses for bad input.
         ``tokenized``: (text, token ids) a front door already made off this thread (the
         server's PromptPrep), used instead of tokenizing ``prompt``/``messages`` here.
+        ``client``: who submits it (the unit the "fair" scheduling policy shares between).
 
         Atomic: everything is checked and built first, and only then is the request
         entered (scheduler, then output processor), so a refusal leaves nothing behind.
@@ -155,7 +156,7 @@ class LLMEngine:
         state = self.output_processor.new_request(rid, text, ids, params, time.time())
         seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         req = Request(rid, ids, params, arrival_time=state.metrics.arrival_time,
-                      eos_token_ids=self.spec.eos_token_ids, seed=seed)
+                      eos_token_ids=self.spec.eos_token_ids, seed=seed, client=client)
         # checks length and queue bound before it changes anything; with
         # n_sharing="prefix_cache" it enters each sample as its own request
         for sample in self.scheduler.add_request(req)[1:]:

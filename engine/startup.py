@@ -121,7 +121,8 @@ def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events
                             max_num_seqs=cfg.max_num_seqs,
                             enable_chunked_prefill=cfg.enable_chunked_prefill,
                             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-                            max_waiting=cfg.max_waiting, n_sharing=cfg.n_sharing)
+                            max_waiting=cfg.max_waiting, n_sharing=cfg.n_sharing,
+                            policy=cfg.scheduling_policy)
     per_block = spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
     if cfg.num_kv_blocks is not None:
         num_blocks, source = cfg.num_kv_blocks, "num_kv_blocks"

@@ -22,6 +22,16 @@ MAX_BLOCK_SIZE = 1024  # tokens; vLLM's largest supported block is far smaller
 # cache, each with its own partial last block (vLLM v1's parallel sampling).
 N_SHARING_MODES = ("cow", "prefix_cache")
 
+# The order the scheduler serves requests in (SchedulerConfig.policy). "fcfs" is vLLM's
+# default: running requests, then waiting ones, by arrival; under block pressure the
+# newest running request is preempted. "fair" is kvscope's own, for a server shared by
+# clients: the same loop, but each client's k-th request comes before anyone's (k+1)-th,
+# so the budget runs out, and preemption strikes, at the newest request of whichever
+# client holds the most sequences; and a waiting request whose client holds fewer takes
+# a seat (or blocks) from such a client by preempting that one. With one client "fair"
+# is exactly "fcfs".
+SCHEDULING_POLICIES = ("fcfs", "fair")
+
 
 def check_block_size(block_size) -> None:
     """Raise ConfigError unless ``block_size`` is an integer in [1, MAX_BLOCK_SIZE]."""
@@ -55,6 +65,7 @@ class SchedulerConfig:
     ``long_prefill_token_threshold`` (0 = off) caps one request's tokens per step.
     ``max_waiting`` bounds the waiting queue (0 = unbounded).
     ``n_sharing`` is how ``n > 1`` samples share blocks (``N_SHARING_MODES``).
+    ``policy`` is the order requests are served in (``SCHEDULING_POLICIES``).
     """
 
     max_model_len: int = 2048
@@ -64,9 +75,11 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     max_waiting: int = 0
     n_sharing: str = "cow"
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         check_n_sharing(self.n_sharing)
+        check_scheduling_policy(self.policy)
         for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -89,6 +102,13 @@ def check_n_sharing(n_sharing) -> None:
     if n_sharing not in N_SHARING_MODES:
         raise ConfigError(f"n_sharing must be one of {', '.join(map(repr, N_SHARING_MODES))}, "
                           f"got {n_sharing!r}")
+
+
+def check_scheduling_policy(policy) -> None:
+    """Raise ConfigError unless ``policy`` is one of ``SCHEDULING_POLICIES``."""
+    if policy not in SCHEDULING_POLICIES:
+        raise ConfigError(f"scheduling_policy must be one of {', '.join(map(repr, SCHEDULING_POLICIES))}, "
+                          f"got {policy!r}")
 
 
 def check_capacity(cache: CacheConfig, sched: SchedulerConfig) -> None:

@@ -82,6 +82,7 @@ class Request:
     parent_id: str | None = None
     sample_index: int = 0
     seed: int = 0
+    client: str = ""  # who submitted it (a front door's client key); the "fair" policy's unit
     token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -142,6 +143,7 @@ class Request:
             parent_id=self.request_id,
             sample_index=sample_index,
             seed=self.child_seed(sample_index),
+            client=self.client,
             token_ids=list(self.token_ids),
             status=self.status,
             num_computed_tokens=self.num_computed_tokens,

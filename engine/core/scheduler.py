@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from engine.core.config import CacheConfig, SchedulerConfig, check_capacity
 from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
@@ -41,6 +42,21 @@ from engine.events.types import (
     RequestArrived, RequestFinished, RequestPreempted, RequestProgress, RequestScheduled,
     ScheduledPhase,
 )
+
+
+@dataclass(slots=True)
+class StepShares:
+    """What each client may still take of the step being scheduled ("fair" policy)."""
+
+    tokens: dict[str, int]
+    seqs: dict[str, int]
+
+    def open(self, client: str) -> bool:
+        return self.tokens[client] > 0 and self.seqs[client] > 0
+
+    def spend(self, client: str, num_tokens: int) -> None:
+        self.tokens[client] -= num_tokens
+        self.seqs[client] -= 1
 
 
 class Scheduler:
@@ -142,15 +158,23 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
 
+        rebalanced = self._rebalance(budget) if self.config.policy == "fair" else []
+        shares = self._budget_shares(budget)
+        order = self._running_order()
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        while i < len(order) and budget > 0:
+            req = order[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if thr:
                 n = min(n, thr)
             assert n > 0, f"running request {req.request_id} has nothing to compute"
+            if shares is not None:
+                if not shares.open(req.client):
+                    i += 1  # its client's share of this step is spent: it waits a step
+                    continue
+                n = min(n, shares.tokens[req.client])
             while not self.kv.allocate_slots(req, n):
-                victim = self.running[-1]
+                victim = order.pop()
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is req:
@@ -158,19 +182,29 @@ class Scheduler:
             else:
                 scheduled.append(self._scheduled(req, n))
                 budget -= n
+                if shares is not None:
+                    shares.spend(req.client, n)
                 i += 1
 
-        while (not preempted and self.waiting and budget > 0
-               and len(self.running) < self.config.max_num_seqs):
-            req = self.waiting[0]
+        for req in self._waiting_order():
+            if preempted or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            if shares is not None and not shares.open(req.client):
+                continue  # its client's share is spent; another client's may not be
+            room = budget if shares is None else min(budget, shares.tokens[req.client])
             match = self.kv.lookup(req)
             n = req.num_tokens - match.num_tokens
-            if not self.config.enable_chunked_prefill and n > budget:
+            if not self.config.enable_chunked_prefill and n > room:
+                if room < budget:
+                    continue  # this client's share cannot take the whole prompt this step
                 break  # the whole prompt runs in one step, or waits
-            n = min(n, budget, thr) if thr and self.config.enable_chunked_prefill else min(n, budget)
+            n = min(n, room, thr) if thr and self.config.enable_chunked_prefill else min(n, room)
             if not self.kv.allocate_slots(req, n, match):
                 break
-            self.waiting.popleft()
+            if self.waiting[0] is req:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(req)
             if req.status is RequestStatus.WAITING:  # first admission: the runner meets it now
                 self._new.append(NewRequestData(req.request_id, req.params, req.seed))
             else:  # resumed: what the preemption dropped, less the hit, is computed again
@@ -180,9 +214,11 @@ class Scheduler:
             bisect.insort(self.running, req, key=lambda r: r.sort_key)
             scheduled.append(self._scheduled(req, n))
             budget -= n
+            if shares is not None:
+                shares.spend(req.client, n)
 
         finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(self.log.step, scheduled, self.kv.take_cow_pairs(), preempted,
+        return SchedulerOutput(self.log.step, scheduled, self.kv.take_cow_pairs(), rebalanced + preempted,
                                self.config.max_num_batched_tokens, self._new, finished, time.time())
 
     def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
@@ -202,6 +238,89 @@ class Scheduler:
         return ScheduledRequest(req.request_id, req.token_ids[start:end], start,
                                 self.kv.block_ids(req.request_id),
                                 self.kv.slot_mapping(req, start, end), sample_ids, phase)
+
+    # ---- the order requests are served in (SchedulerConfig.policy) ----------
+
+    def _running_order(self) -> list[Request]:
+        """This step's order over ``running``: "fcfs" is arrival order; "fair" serves each
+        client's oldest request, then each one's second, and so on (ties by arrival).
+        The budget runs out, and preemption strikes, at the end of this order: under
+        "fair" that is the newest request of the client holding the most sequences."""
+        if self.config.policy == "fcfs":
+            return list(self.running)
+        keys = self._rank_keys(self.running, {})
+        return sorted(self.running, key=lambda r: keys[id(r)])
+
+    def _waiting_order(self) -> list[Request]:
+        """The order waiting requests are admitted in: "fcfs" is the queue's own (arrival,
+        preempted ones back at the front); "fair" ranks each after what its client
+        already runs, so the client running fewest sequences is admitted first."""
+        if self.config.policy == "fcfs":
+            return list(self.waiting)
+        held = self._client_counts(self.running)
+        keys = self._rank_keys(self.waiting, held)
+        return sorted(self.waiting, key=lambda r: keys[id(r)])
+
+    @staticmethod
+    def _client_counts(reqs) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in reqs:
+            counts[r.client] = counts.get(r.client, 0) + 1
+        return counts
+
+    @staticmethod
+    def _rank_keys(reqs, start: dict[str, int]) -> dict[int, tuple[int, int]]:
+        """id(request) -> (its place among its client's requests, counting from ``start``
+        per client; its place in ``reqs``): the key both fair orders sort by."""
+        seen = dict(start)
+        keys: dict[int, tuple[int, int]] = {}
+        for pos, r in enumerate(reqs):
+            k = seen.get(r.client, 0)
+            seen[r.client] = k + 1
+            keys[id(r)] = (k, pos)
+        return keys
+
+    def _budget_shares(self, budget: int) -> StepShares | None:
+        """Under "fair" with more than one client at work (running or waiting): each
+        client's equal part of this step, in tokens (``max_num_batched_tokens``) and in
+        sequences (``max_num_seqs``). What a client leaves unused is not handed to the
+        others: the step is then smaller, so quicker for every client in it, rather than
+        one client's burst making everyone else's next token wait for a full step.
+        None: no shares (one client, or "fcfs")."""
+        if self.config.policy != "fair":
+            return None
+        clients = {r.client for r in self.running}
+        clients.update(r.client for r in self.waiting)
+        if len(clients) < 2:
+            return None
+        return StepShares(dict.fromkeys(clients, max(1, budget // len(clients))),
+                          dict.fromkeys(clients, max(1, self.config.max_num_seqs // len(clients))))
+
+    def _rebalance(self, budget: int) -> list[str]:
+        """Under "fair": while the next waiting request cannot get a seat (``max_num_seqs``)
+        or its first chunk's blocks, and some client runs more sequences than that
+        request's client would after admission, preempt that client's newest running
+        request (recomputed later, as any preemption). Returns the preempted ids.
+
+        Strictly more, so two clients with equal shares never trade seats back and
+        forth; with one client nothing is ever preempted here, and "fair" is "fcfs"."""
+        preempted: list[str] = []
+        while self.waiting and self.running:
+            held = self._client_counts(self.running)
+            cand = self._waiting_order()[0]
+            cand_rank = held.get(cand.client, 0)
+            victim = max(self.running, key=lambda r: (held[r.client], r.sort_key))
+            if held[victim.client] - 1 <= cand_rank:
+                break  # nobody holds more than cand's client would: fair already
+            short_seat = len(self.running) >= self.config.max_num_seqs
+            match = self.kv.lookup(cand)  # pure: admission looks again, and records that one
+            first_chunk = max(1, min(cand.num_tokens - match.num_tokens, budget))
+            short_blocks = self.kv.blocks_needed(cand, first_chunk, match) > self.kv.pool.num_free
+            if not (short_seat or short_blocks):
+                break
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+        return preempted
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)

@@ -57,9 +57,10 @@ class Exchange(Sink):
 
     source: ClassVar[Source] = Source.OPENAI
 
-    def __init__(self, desk: ApiDesk, sink_id: int) -> None:
+    def __init__(self, desk: ApiDesk, sink_id: int, client: str = "unknown") -> None:
         self.desk = desk
         self.id = sink_id
+        self.client = client  # the caller's address: its calls share one scheduling share
         self.closed = False
         self.rids: list[str] = []
         self.accepted: set[str] = set()
@@ -69,6 +70,9 @@ class Exchange(Sink):
         # request id -> (latest output, per sample: delta texts and token ids since last look)
         self._pending: dict[str, tuple[RequestOutput, dict[int, tuple[list[str], list[int]]]]] = {}
         self._wake = asyncio.Event()
+
+    def client_key(self) -> str:
+        return f"{self.source.value}:{self.client}"
 
     # ---- into the engine --------------------------------------------------------------
 
@@ -202,8 +206,8 @@ class ApiDesk:
                 raise _stopping() from None
             raise
 
-    def open(self) -> Exchange:
-        ex = Exchange(self, self.mailbox.new_sink_id())
+    def open(self, client: str = "unknown") -> Exchange:
+        ex = Exchange(self, self.mailbox.new_sink_id(), client)
         self.exchanges[ex.id] = ex
         return ex
 

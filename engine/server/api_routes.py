@@ -207,7 +207,7 @@ async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Res
     client, held = _client(request), 1 if endpoint is Endpoint.CHAT else len(req.prompts)
     ctx.quota.take(client, held)
     rid = f"{'chatcmpl' if endpoint is Endpoint.CHAT else 'cmpl'}-{secrets.token_hex(12)}"
-    ex = ctx.desk.open()
+    ex = ctx.desk.open(client)
 
     closed = False
 

@@ -34,6 +34,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                                    "/v1/completions, /v1/chat/completions), /healthz and "
                                    "/metrics on the same port.")
     add_engine_args(p)
+    p.set_defaults(scheduling_policy="fair")  # a server is shared: no client starves another
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
                    help=f"bind address; anything but loopback needs --allow-remote and {TOKEN_ENV}")

@@ -292,7 +292,8 @@ class EngineWorker(threading.Thread):
                 return
         try:
             self.engine.add_request(prompt=op.prompt, params=op.params, request_id=rid,
-                                    messages=op.messages, tokenized=(cmd.text, cmd.token_ids))
+                                    messages=op.messages, tokenized=(cmd.text, cmd.token_ids),
+                                    client=sink.client_key())
         except KVScopeError as exc:
             code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
                     ErrorCode.EMPTY_PROMPT if isinstance(exc, EmptyPromptError) else

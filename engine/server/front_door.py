@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
+from engine.server.handoff import LoopHandoff
 from engine.server.health import HealthBoard
 from engine.server.http import Gate, HostCheck, route_error
 from engine.server.hub import Hub, HubLimits
@@ -159,11 +160,7 @@ class FrontDoor:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
 
-        def post(batch: list[Delivery]) -> None:
-            try:
-                loop.call_soon_threadsafe(self.hub.deliver, batch)
-            except RuntimeError:
-                pass  # the loop has closed: we are past shutdown
+        post = LoopHandoff(loop, self.hub.deliver).post
 
         try:
             self._prepare()

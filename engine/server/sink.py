@@ -61,6 +61,12 @@ class Sink(abc.ABC):
         if not isinstance(getattr(cls, "source", None), Source):
             raise TypeError(f"{cls.__name__} must set source to a Source (which front door it is)")
 
+    def client_key(self) -> str:
+        """Who this sink's requests belong to, for the "fair" scheduling policy (which
+        shares seats and each step's budget between clients): by default the sink itself
+        (a websocket connection); the HTTP API's calls share their client address's."""
+        return f"{self.source.value}:{self.id}"
+
     @abc.abstractmethod
     def deliver(self, item: SinkItem) -> None:
         """Take one answer; called on the event-loop thread, must not block."""

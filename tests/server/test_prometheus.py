@@ -111,6 +111,10 @@ def test_prometheus_answers_dashboard_queries_with_data(prometheus):
 
     (p90,) = _until("a TTFT p90", ttft, proc=proc)
     assert 0 < float(p90["value"][1]) <= 2560  # inside vLLM's TTFT buckets
-    (usage,) = _query(api, QUERIES["usage"])
-    assert float(usage["value"][1]) == 0.0  # idle now: every block is free (cached ones too)
+    def idle_usage():  # the scrapes that saw the hits may have been taken mid-request:
+        r = _query(api, QUERIES["usage"])  # wait for one taken after the last finished
+        return r if r and float(r[0]["value"][1]) == 0.0 else None
+
+    # idle now: every block is free (cached ones too)
+    (usage,) = _until("a scrape of the idle pool (0 KV cache usage)", idle_usage, proc=proc)
     assert usage["metric"]["instance"] == f"127.0.0.1:{server.port}"

@@ -1,0 +1,56 @@
+"""The scheduling policy through the server: each websocket connection is a client.
+
+One connection fills every seat (``max_num_seqs=4``) with long requests and queues
+more; a second connection then asks for a short one. Under "fcfs" (vLLM's order) it
+waits for a seat until the first connection's early requests are done; under "fair"
+(``kvscope serve``'s default) the first connection's newest runner gives up its seat
+at once and the short request finishes before any of the long ones."""
+
+import pytest
+
+from engine.client import KVScopeClient
+from engine.cli import build_parser
+from engine.store import RunStore
+
+LONG = {"temperature": 0.0, "max_tokens": 200, "ignore_eos": True}  # ~200 steps: B comes well before
+SHORT = {"temperature": 0.0, "max_tokens": 3, "ignore_eos": True}
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "fair"])
+def test_a_second_client_is_not_starved_by_one_holding_every_seat(make_server, db_path, policy):
+    server = make_server(engine={"max_num_seqs": 4, "num_kv_blocks": 256, "max_model_len": 256,
+                                 "scheduling_policy": policy})
+    with KVScopeClient(server.url, timeout=60) as a, KVScopeClient(server.url, timeout=60) as b:
+        hog = [a.submit(f"hog prompt {i}", request_id=f"hog-{i}", params=LONG) for i in range(8)]
+        first = next(iter(a.stream(hog[0])))  # hog-0 has a token: the first four hold the seats
+        assert first.type == "output"
+        clients = {r.client for r in server.worker.engine.scheduler.requests.values()}
+        assert len(clients) == 1 and clients.pop().startswith("websocket:")
+        fin = list(b.stream(b.submit("short question", request_id="short", params=SHORT)))[-1]
+        assert fin.type == "finished" and len(fin.outputs[0]["token_ids"]) == 3
+        for rid in hog:
+            assert list(a.stream(rid))[-1].outputs[0]["finish_reason"] == "length"
+    run_id = server.health.run_id
+    server.stop()
+    done_at = {e.request_id: s.seq for s in RunStore(db_path).load_steps(run_id)
+               for e in s.events if e.type == "request_finished"}
+    preempted = [e.request_id for s in RunStore(db_path).load_steps(run_id)
+                 for e in s.events if e.type == "request_preempted"]
+    long_done = sorted(done_at[r] for r in hog)
+    if policy == "fcfs":  # a seat opens only when hog-0..3 finish together
+        assert done_at["short"] > long_done[3]
+        assert preempted == []
+    else:
+        assert done_at["short"] < long_done[0]
+        assert preempted[0] == "hog-3"  # the newest runner of the client holding every seat
+
+
+def test_serve_defaults_to_fair_and_the_library_to_fcfs():
+    from engine.config import EngineConfig
+
+    assert EngineConfig().scheduling_policy == "fcfs"
+    args = build_parser().parse_args(["serve"])
+    assert args.scheduling_policy == "fair"
+    args = build_parser().parse_args(["serve", "--scheduling-policy", "fcfs"])
+    assert args.scheduling_policy == "fcfs"
+    assert build_parser().parse_args(["generate", "x"]).scheduling_policy == "fcfs"
