@@ -133,10 +133,14 @@ def render_markdown(results: dict) -> str:
             cpu = "value_cpu_time" in t
             out.append(f"| {t['target']} | {t['goal']} | {show(t['value'])} | {yes[t['met']]} | "
                        f"{show(t['value_cpu_time']) if cpu else ''} | {yes[t['met_cpu_time']] if cpu else ''} |")
+        passive = "PASSIVE" in str(results.get("machine", {}).get("omp_wait_policy", ""))
+        waiting = ("an OpenMP thread waiting at a barrier sleeps under the PASSIVE wait policy, so "
+                   "waiting is not counted as work" if passive else
+                   "this run kept libgomp's spin, so an OpenMP thread spinning at a barrier counts as "
+                   "work: the CPU-time figures overstate the work done")
         out += ["", "Throughput ratios are given twice: from wall-clock time (the target's definition) and "
                 "from the CPU seconds each system used, which other jobs' load on this shared box does not "
-                "stretch much (all threads of the process; an OpenMP thread waiting at a barrier sleeps under "
-                "the PASSIVE wait policy instead of spinning, so waiting is not counted as work).", ""]
+                f"stretch much (all threads of the process; {waiting}).", ""]
     if results.get("roofline"):
         out += roofline_section(results["roofline"])
     for name, entry in results["workloads"].items():

@@ -6,7 +6,10 @@ There is no prefill phase: every request just closes the gap
 ``num_computed_tokens → num_tokens``. Running requests go first (decodes and
 unfinished chunks, in arrival order), then waiting ones (FCFS). When blocks run
 out, the most recently arrived running request is preempted: its blocks are
-freed and it goes back to the front of ``waiting`` to be recomputed.
+freed and it goes back to the front of ``waiting`` to be recomputed. That is the
+"fcfs" policy (vLLM's); "fair" (``SchedulerConfig.policy``, ``kvscope serve``'s
+default) changes the order and splits each step between clients: see
+``engine.core.config.SCHEDULING_POLICIES`` and ``_budget_shares`` / ``_rebalance``.
 
 ``n > 1`` (``SchedulerConfig.n_sharing``): "cow" forks the request at its first sample
 (``Request.fork``, ``KVCacheManager.fork``: every block shared, copy-on-write later);

@@ -124,6 +124,12 @@ KV_BUDGET = Behaviour(
     "the KV budget is fixed at start-up (gpu_memory_utilization minus a profiled forward) "
     "and reported as the maximum concurrency of max_model_len sequences.",
     "vllm/v1/core/kv_cache_utils.py get_kv_cache_config")
+FAIR_SHARES = Behaviour(
+    "fair_shares", KVSCOPE,
+    "kvscope serve's default scheduling_policy='fair': with several clients at work each "
+    "gets an equal part of a step's tokens and sequences, and preemption takes the newest "
+    "request of the client holding the most; with one client it is FCFS. vLLM schedules "
+    "fcfs or by request priority.")
 MISS_CAUSE_SPLIT = Behaviour(
     "miss_causes", KVSCOPE,
     "prefix-cache misses split by cause (cold, evicted, partial, disabled); vLLM counts "
@@ -132,7 +138,7 @@ MISS_CAUSE_SPLIT = Behaviour(
 BEHAVIOURS: tuple[Behaviour, ...] = (
     PAGING, CONTIGUOUS_BASELINE, COPY_ON_WRITE, PREFIX_CACHE_SAMPLES, FULL_BLOCK_HASHING,
     SCHEDULE_TIME_HASHING, HIT_CAP, TAIL_FIRST_FREE, LRU_EVICTION, HASHLESS_FIRST,
-    UNIFIED_SCHEDULE, LONG_PREFILL_CAP, PREEMPT_NEWEST, KV_BUDGET, MISS_CAUSE_SPLIT,
+    UNIFIED_SCHEDULE, LONG_PREFILL_CAP, PREEMPT_NEWEST, FAIR_SHARES, KV_BUDGET, MISS_CAUSE_SPLIT,
 )
 
 # EngineConfig.n_sharing's values and the behaviour each models.
