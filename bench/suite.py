@@ -215,15 +215,11 @@ def evaluate_targets(results: dict) -> list[dict]:
 
 def omp_wait_policy() -> str:
     """The OpenMP wait policy this process started with (libgomp reads it once, at load)."""
-    from engine import cpu_threads
-
     policy = os.environ.get("OMP_WAIT_POLICY")
     spin = os.environ.get("GOMP_SPINCOUNT")
     if policy is None and spin is None:
-        text = "libgomp default (spin)"
-    else:
-        text = ", ".join(f"{k}={v}" for k, v in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spin)) if v)
-    return text + (f"; chosen for {cpu_threads.decision}" if cpu_threads.decision else "")
+        return "libgomp default"
+    return ", ".join(f"{k}={v}" for k, v in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spin)) if v)
 
 
 def default_threads_env(threads: int | None) -> None:

@@ -111,18 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _use(argv: list[str]) -> str:
-    """What the command line is for, as the OpenMP wait policy sees it: "serve" beside
-    the dashboard, "offline" for everything else (engine/cpu_threads.py)."""
-    command = next((a for a in argv if not a.startswith("-")), None)
-    return "serve" if command == "serve" else "offline"
-
-
 def main(argv: list[str] | None = None) -> int:
-    from engine.cpu_threads import set_default_wait_policy
-
-    argv = sys.argv[1:] if argv is None else argv
-    set_default_wait_policy(_use(argv))  # first: registering subcommands may import torch
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -3,29 +3,20 @@
 Measured on the 2-core dev box (bench/RESULTS.md, "Thread policy"; ``python -m
 bench.threads_ab`` reproduces it):
 
-- The OpenMP wait policy, per use. torch runs its kernels on GNU OpenMP (libgomp),
-  whose default spins ~3 ms at every barrier. On a quiet box that is the fastest: 2
-  threads spinning took 0.62-0.71x of one thread's step time, PASSIVE (idle threads
-  sleep at once) 0.70-0.88x, so spinning is 7-22% faster. When another process wants a
-  core, a spinning thread takes it from the one the barrier waits for: with the box
-  loaded, 2 spinning threads were 1.8-10x slower than 1 thread, PASSIVE 0.36-1.24x
-  (0.36-0.99x beside a busy or bursty extra load, the dashboard's case). No setting wins
-  both, so the use decides (``wait_policy_for``):
-
-  - ``serve`` (beside the dashboard, which redraws on the same cores): PASSIVE, always;
-  - ``offline`` (``LLM``, ``kvscope generate``, ``kvscope bench``, ``python -m bench.*``):
-    libgomp's spin when the box is idle as the process starts (the 1-minute load average
-    leaves a core for each torch thread: ``load + threads <= cores + 0.5``), PASSIVE
-    otherwise.
-
-  libgomp reads ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` once, when ``import torch``
-  loads it, so the choice is made before anything imports torch: by ``engine.cli.main``
-  for its subcommand, by ``engine`` when ``LLM`` / ``LLMEngine`` are first imported, and
-  by ``bench`` on import. Whatever decides first wins; an exported setting always wins.
-- Torch threads: every usable core, for every use: with PASSIVE the second thread won
-  under an extra busy or bursty load, was within 0.93-1.24x of one thread under other
-  jobs' load, and on a quiet box it is the only way to use the second core.
-  ``SERVE_THREADS`` would give serving its own count.
+- OpenMP wait policy PASSIVE. torch runs its kernels on GNU OpenMP (libgomp), whose
+  default spins ~3 ms at every barrier. When another process wants a core, a spinning
+  thread takes it from the one the barrier waits for: with the box loaded, 2 threads
+  with libgomp's default were 1.8-10x slower than 1 thread; with PASSIVE (idle threads
+  sleep at once) 0.36-1.24x of 1 thread's step time (0.36-0.99x with a busy or bursty
+  extra load, the dashboard's case), never the collapse that made the engine fall back
+  to 1 thread on small machines. libgomp reads
+  ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` once, when ``import torch`` loads it, so
+  ``engine/__init__`` sets the default here before anything imports torch.
+- Torch threads: every usable core, for every use (offline ``LLM.generate``,
+  ``kvscope bench`` and ``kvscope serve`` beside the dashboard): with PASSIVE the
+  second thread won under an extra busy or bursty load, was within 0.93-1.24x of one
+  thread under other jobs' load, and on a quiet box it is the only way to use the
+  second core. ``SERVE_THREADS`` would give serving its own count.
 
 Precedence for the thread count: ``EngineConfig.num_threads``, then
 ``KVSCOPE_NUM_THREADS``, then an exported ``OMP_NUM_THREADS`` (left to torch), then the
@@ -39,41 +30,18 @@ from __future__ import annotations
 import os
 import sys
 
-PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
-USES = ("serve", "offline")
+# None would leave libgomp's own default (spin ~300k iterations, ~3 ms, then sleep)
+WAIT_POLICY_ENV: dict[str, str] | None = {"OMP_WAIT_POLICY": "PASSIVE"}
 SERVE_THREADS: int | None = None  # None: every usable core, as offline
 _WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-# what decided this process's policy (set_default_wait_policy), for reports
-decision: str | None = None
 
 
-def wait_policy_for(use: str, load: float, threads: int, cores: int) -> dict[str, str] | None:
-    """The OpenMP environment for ``use`` on a box with 1-minute load average ``load``:
-    PASSIVE, or None for libgomp's own spin (see the module docstring)."""
-    if use not in USES:
-        raise ValueError(f"use must be one of {USES}, got {use!r}")
-    if use == "offline" and load + threads <= cores + 0.5:
-        return None
-    return PASSIVE
-
-
-def set_default_wait_policy(use: str = "offline") -> bool:
-    """Decide this process's OpenMP wait policy for ``use`` while it can still take effect
-    (torch not imported yet, nothing exported, not decided before); put PASSIVE into
-    ``os.environ`` when that is the choice. True if this call decided."""
-    global decision
-    if decision is not None or "torch" in sys.modules or any(v in os.environ for v in _WAIT_VARS):
+def set_default_wait_policy() -> bool:
+    """Put the default OpenMP wait policy into ``os.environ`` if it can still take
+    effect (torch not imported yet) and the user exported none; True if it did."""
+    if WAIT_POLICY_ENV is None or "torch" in sys.modules or any(v in os.environ for v in _WAIT_VARS):
         return False
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("inf")
-    try:
-        threads = thread_count(serving=use == "serve") or usable_cores()
-    except ValueError:  # a bad KVSCOPE_NUM_THREADS: build_engine reports it
-        threads = usable_cores()
-    env = wait_policy_for(use, load, threads, usable_cores())
-    if env:
-        os.environ.update(env)
-    decision = (f"{use}: {'OMP_WAIT_POLICY=PASSIVE' if env else 'libgomp spin'} "
-                f"(1-minute load {load:.2f}, {threads} threads, {usable_cores()} cores)")
+    os.environ.update(WAIT_POLICY_ENV)
     return True
 
 

@@ -8,10 +8,6 @@ so it is set here, at collection start.
 import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The suite shares a busy box (its own servers, browsers, Prometheus): idle OpenMP threads
-# sleep, as serve's do (engine/cpu_threads.py); set before torch loads, inherited by every
-# server the tests start
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if os.environ.get("KVSCOPE_FORCE_COMPILED_TRITON") != "1":
     try:
         import torch

@@ -58,38 +58,16 @@ def test_configure_cpu_threads_sets_torch(clean_env):
         torch.set_num_threads(before)
 
 
-def test_the_wait_policy_per_use():
-    # serve: PASSIVE whatever the load; offline: spin only with a core free per thread
-    assert cpu_threads.wait_policy_for("serve", 0.0, 2, 2) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert cpu_threads.wait_policy_for("offline", 0.3, 2, 2) is None
-    assert cpu_threads.wait_policy_for("offline", 0.5, 2, 2) is None
-    assert cpu_threads.wait_policy_for("offline", 0.6, 2, 2) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert cpu_threads.wait_policy_for("offline", 1.4, 1, 2) is None  # one thread, a core spare
-    assert cpu_threads.wait_policy_for("offline", 3.0, 16, 16) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    with pytest.raises(ValueError, match="use must be one of"):
-        cpu_threads.wait_policy_for("notebook", 0.0, 1, 1)
-
-
-def test_wait_policy_is_decided_once_before_torch_and_never_over_an_export(clean_env):
-    clean_env.setattr(cpu_threads, "decision", None)
-    clean_env.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+def test_wait_policy_is_set_only_before_torch_and_only_if_not_exported(clean_env):
+    clean_env.setattr(cpu_threads, "WAIT_POLICY_ENV", {"OMP_WAIT_POLICY": "PASSIVE"})
     clean_env.setitem(sys.modules, "torch", sys.modules.get("torch") or object())
-    assert not cpu_threads.set_default_wait_policy("serve")  # torch already loaded: too late
+    assert not cpu_threads.set_default_wait_policy()  # torch already loaded: too late
     clean_env.delitem(sys.modules, "torch")
     clean_env.setenv("GOMP_SPINCOUNT", "1000")
-    assert not cpu_threads.set_default_wait_policy("serve")  # the user's setting wins
+    assert not cpu_threads.set_default_wait_policy()  # the user's setting wins
     assert "OMP_WAIT_POLICY" not in os.environ
     clean_env.delenv("GOMP_SPINCOUNT")
-    assert cpu_threads.set_default_wait_policy("offline")  # idle box: libgomp's spin
-    assert "OMP_WAIT_POLICY" not in os.environ and cpu_threads.decision.startswith("offline: libgomp spin")
-    assert not cpu_threads.set_default_wait_policy("serve")  # decided already: the first wins
-    clean_env.setattr(cpu_threads, "decision", None)
-    assert cpu_threads.set_default_wait_policy("serve")
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and cpu_threads.decision.startswith("serve: ")
-    clean_env.delenv("OMP_WAIT_POLICY")
-    clean_env.setattr(cpu_threads, "decision", None)
-    clean_env.setattr(os, "getloadavg", lambda: (5.0, 5.0, 5.0))
-    assert cpu_threads.set_default_wait_policy("offline")  # a busy box: PASSIVE offline too
+    assert cpu_threads.set_default_wait_policy()
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
 
 
@@ -98,32 +76,13 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
     return {**env, **extra}
 
 
-_REPORT = ("import os, sys; from engine import cpu_threads; {before}; import torch; "
-           "print(os.environ.get('OMP_WAIT_POLICY'), cpu_threads.decision is not None)")
-
-
 @pytest.mark.parametrize("exported", [{}, {"OMP_WAIT_POLICY": "ACTIVE"}])
-def test_the_entry_points_decide_before_torch_loads_in_a_fresh_process(exported):
-    def run(before: str) -> list[str]:
-        return subprocess.run([sys.executable, "-c", _REPORT.format(before=before)],
-                              env=_child_env(exported), capture_output=True, text=True,
-                              check=True).stdout.split()
-
-    serve = run("from engine.cli import _use; cpu_threads.set_default_wait_policy(_use(['-v', 'serve']))")
-    offline = run("from engine import LLM")
-    bare = run("import engine")  # importing the package decides nothing
+def test_importing_engine_applies_the_default_in_a_fresh_process(exported):
+    code = "import os, engine, torch; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+    out = subprocess.run([sys.executable, "-c", code], env=_child_env(exported), capture_output=True,
+                         text=True, check=True).stdout.split()
     if exported:
-        assert serve == offline == bare == ["ACTIVE", "False"]
+        assert out == ["ACTIVE", "None"]
     else:
-        assert serve == ["PASSIVE", "True"]
-        assert offline[1] == "True" and offline[0] in ("PASSIVE", "None")  # as the load says
-        assert bare == ["None", "False"]
-
-
-def test_the_cli_decides_serve_for_serve_and_offline_for_the_rest():
-    from engine.cli import _use
-
-    assert _use(["serve", "--port", "0"]) == "serve"
-    assert _use(["-v", "serve"]) == "serve"
-    assert _use(["bench", "--quick"]) == "offline"
-    assert _use(["generate", "serve"]) == "offline"  # a prompt that says serve
+        want = cpu_threads.WAIT_POLICY_ENV or {}
+        assert out == [want.get("OMP_WAIT_POLICY", "None"), want.get("GOMP_SPINCOUNT", "None")]
