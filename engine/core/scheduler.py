@@ -9,7 +9,7 @@ out, the most recently arrived running request is preempted: its blocks are
 freed and it goes back to the front of ``waiting`` to be recomputed. That is the
 "fcfs" policy (vLLM's); "fair" (``SchedulerConfig.policy``, ``kvscope serve``'s
 default) changes the order and splits each step between clients: see
-``engine.core.config.SCHEDULING_POLICIES`` and ``_budget_shares`` / ``_rebalance``.
+``engine.core.config.SCHEDULING_POLICIES``, ``engine.core.fair_share`` and ``_rebalance``.
 
 ``n > 1`` (``SchedulerConfig.n_sharing``): "cow" forks the request at its first sample
 (``Request.fork``, ``KVCacheManager.fork``: every block shared, copy-on-write later);
@@ -27,12 +27,12 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from engine.core.config import CacheConfig, SchedulerConfig, check_capacity
 from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
 from engine.core.errors import EmptyPromptError, PromptTooLongError, QueueFullError
 from engine.core.event_log import EventLog
+from engine.core.fair_share import StepShares, client_counts, fair_order
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.model_runner_output import ModelRunnerOutput
 from engine.core.parallel_sampling import fan_out
@@ -45,21 +45,6 @@ from engine.events.types import (
     RequestArrived, RequestFinished, RequestPreempted, RequestProgress, RequestScheduled,
     ScheduledPhase,
 )
-
-
-@dataclass(slots=True)
-class StepShares:
-    """What each client may still take of the step being scheduled ("fair" policy)."""
-
-    tokens: dict[str, int]
-    seqs: dict[str, int]
-
-    def open(self, client: str) -> bool:
-        return self.tokens[client] > 0 and self.seqs[client] > 0
-
-    def spend(self, client: str, num_tokens: int) -> None:
-        self.tokens[client] -= num_tokens
-        self.seqs[client] -= 1
 
 
 class Scheduler:
@@ -161,9 +146,10 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
 
-        rebalanced = self._rebalance(budget) if self.config.policy == "fair" else []
-        shares = self._budget_shares(budget)
-        order = self._running_order()
+        fair = self.config.policy == "fair"
+        rebalanced = self._rebalance(budget) if fair else []
+        shares = StepShares.split(self.running, self.waiting, budget, self.config.max_num_seqs) if fair else None
+        order = fair_order(self.running) if fair else list(self.running)
         i = 0
         while i < len(order) and budget > 0:
             req = order[i]
@@ -189,7 +175,7 @@ class Scheduler:
                     shares.spend(req.client, n)
                 i += 1
 
-        for req in self._waiting_order():
+        for req in self._waiting_order() if fair else self._fcfs_heads():
             if preempted or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             if shares is not None and not shares.open(req.client):
@@ -244,60 +230,20 @@ class Scheduler:
 
     # ---- the order requests are served in (SchedulerConfig.policy) ----------
 
-    def _running_order(self) -> list[Request]:
-        """This step's order over ``running``: "fcfs" is arrival order; "fair" serves each
-        client's oldest request, then each one's second, and so on (ties by arrival).
-        The budget runs out, and preemption strikes, at the end of this order: under
-        "fair" that is the newest request of the client holding the most sequences."""
-        if self.config.policy == "fcfs":
-            return list(self.running)
-        keys = self._rank_keys(self.running, {})
-        return sorted(self.running, key=lambda r: keys[id(r)])
+    def _fcfs_heads(self):
+        """Waiting requests in the queue's own order (arrival; preempted ones back at the
+        front), one head at a time: admission pops each, and stops at the first it
+        cannot admit. No copy of the queue per step."""
+        while self.waiting:
+            head = self.waiting[0]
+            yield head
+            if self.waiting and self.waiting[0] is head:
+                return  # not admitted: FCFS waits at the head
 
     def _waiting_order(self) -> list[Request]:
-        """The order waiting requests are admitted in: "fcfs" is the queue's own (arrival,
-        preempted ones back at the front); "fair" ranks each after what its client
-        already runs, so the client running fewest sequences is admitted first."""
-        if self.config.policy == "fcfs":
-            return list(self.waiting)
-        held = self._client_counts(self.running)
-        keys = self._rank_keys(self.waiting, held)
-        return sorted(self.waiting, key=lambda r: keys[id(r)])
-
-    @staticmethod
-    def _client_counts(reqs) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for r in reqs:
-            counts[r.client] = counts.get(r.client, 0) + 1
-        return counts
-
-    @staticmethod
-    def _rank_keys(reqs, start: dict[str, int]) -> dict[int, tuple[int, int]]:
-        """id(request) -> (its place among its client's requests, counting from ``start``
-        per client; its place in ``reqs``): the key both fair orders sort by."""
-        seen = dict(start)
-        keys: dict[int, tuple[int, int]] = {}
-        for pos, r in enumerate(reqs):
-            k = seen.get(r.client, 0)
-            seen[r.client] = k + 1
-            keys[id(r)] = (k, pos)
-        return keys
-
-    def _budget_shares(self, budget: int) -> StepShares | None:
-        """Under "fair" with more than one client at work (running or waiting): each
-        client's equal part of this step, in tokens (``max_num_batched_tokens``) and in
-        sequences (``max_num_seqs``). What a client leaves unused is not handed to the
-        others: the step is then smaller, so quicker for every client in it, rather than
-        one client's burst making everyone else's next token wait for a full step.
-        None: no shares (one client, or "fcfs")."""
-        if self.config.policy != "fair":
-            return None
-        clients = {r.client for r in self.running}
-        clients.update(r.client for r in self.waiting)
-        if len(clients) < 2:
-            return None
-        return StepShares(dict.fromkeys(clients, max(1, budget // len(clients))),
-                          dict.fromkeys(clients, max(1, self.config.max_num_seqs // len(clients))))
+        """Under "fair": each waiting request ranked after what its client already runs,
+        so the client running fewest sequences is admitted first."""
+        return fair_order(self.waiting, client_counts(self.running))
 
     def _rebalance(self, budget: int) -> list[str]:
         """Under "fair": while the next waiting request cannot get a seat (``max_num_seqs``)
@@ -309,8 +255,8 @@ class Scheduler:
         forth; with one client nothing is ever preempted here, and "fair" is "fcfs"."""
         preempted: list[str] = []
         while self.waiting and self.running:
-            held = self._client_counts(self.running)
-            cand = self._waiting_order()[0]
+            held = client_counts(self.running)
+            cand = fair_order(self.waiting, held)[0]
             cand_rank = held.get(cand.client, 0)
             victim = max(self.running, key=lambda r: (held[r.client], r.sort_key))
             if held[victim.client] - 1 <= cand_rank:
