@@ -57,7 +57,7 @@ class Exchange(Sink):
 
     source: ClassVar[Source] = Source.OPENAI
 
-    def __init__(self, desk: ApiDesk, sink_id: int, client: str = "unknown") -> None:
+    def __init__(self, desk: ApiDesk, sink_id: int, client: str) -> None:
         self.desk = desk
         self.id = sink_id
         self.client = client  # the caller's address: its calls share one scheduling share
