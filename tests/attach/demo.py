@@ -7,6 +7,7 @@ shared system prompt, questions after it (a shared prefix), an eviction and a ho
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.attach.fake_publisher import FakePublisher, removed, stored
@@ -37,9 +38,15 @@ def ids(text: str) -> list[int]:
     return [index.get(w, 0) for w in text.split()]
 
 
-def publish_demo(a: FakePublisher, b: FakePublisher) -> None:
+def publish_demo(a: FakePublisher, b: FakePublisher,
+                 between: Callable[[], None] | None = None) -> None:
     """pod-a: the system prompt + four questions (a shared prefix) and an eviction;
-    pod-b: the system prompt + one question, then a batch lost for good (a hole)."""
+    pod-b: the system prompt + one question, then a batch lost for good (a hole).
+
+    ``between`` runs after pod-a's batches are sent and before pod-b's: a test that
+    needs pod-a's batches recorded first (the removal before the hole) waits there, as
+    the two pods' streams reach the attach worker over separate sockets, in either
+    order."""
     sys_ids = ids(SYSTEM)
     q1, q2 = ids("what is a block"), ids("why do we share")
     a.publish([stored([1, 2, 3], None, sys_ids, BS)])
@@ -49,6 +56,8 @@ def publish_demo(a: FakePublisher, b: FakePublisher) -> None:
     a.publish([removed([4])])
     a.publish([stored([7], 3, ids("what is a page"), BS)])
     a.publish([stored([8], 3, ids("what is a slot"), BS)])
+    if between is not None:
+        between()
     b.publish([stored([11, 12, 13], None, sys_ids, BS)])
     b.publish([stored([14], 13, ids("what is a cache"), BS)])
     b.publish([removed([14])], drop_live=True, drop_replay=True)

@@ -22,7 +22,9 @@ def env(tmp_path, monkeypatch):
                        tokenizer_file=word_tokenizer(tmp_path), label="demo deployment")
     a.wait_subscriber()
     b.wait_subscriber()
-    publish_demo(a, b)
+    # pod-a's batches are recorded before pod-b's: the replay test walks removal, then hole
+    publish_demo(a, b, between=lambda: wait_until(lambda: len(srv.worker.state.cached("pod-a")) == 7,
+                                                  what="pod-a's batches"))
     # pod-b's removal of 14 was lost in the hole: the fold still holds it (and says so)
     wait_until(lambda: srv.worker.state.cached("pod-b") == {f"{h:016x}" for h in (11, 12, 13, 14, 15)}
                and len(srv.worker.state.cached("pod-a")) == 7, what="the demo")
