@@ -42,6 +42,9 @@ class AttachMetrics:
         self.slow_client_closes = Counter("kvscope_ws_slow_client_closes",
                                           "Connections closed (1008 slow_client) for leaving more than "
                                           "the outbox bound unread.", registry=r)
+        self.throttled_seconds = Counter("kvscope_ws_throttled_seconds",
+                                         "Seconds websocket connections were not read because they "
+                                         "sent past their frame or byte rate.", registry=r)
         self.outbox_max_bytes = Gauge("kvscope_ws_outbox_max_bytes",
                                       "Largest outbox in bytes over connected clients.", registry=r)
 

@@ -35,6 +35,7 @@ from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT, ClientQuota
 from engine.server.engine_loop import EngineFactory, EngineWorker
 from engine.server.front_door import FrontDoor, Post
 from engine.server.health import Health, HealthBoard, Status
+from engine.server.frame_rate import BYTE_BURST, BYTES_PER_S, FRAME_BURST, FRAMES_PER_S, RateLimit
 from engine.server.hub import HubLimits
 from engine.server.mailbox import Shutdown
 from engine.server.prom import ServerMetrics
@@ -60,6 +61,9 @@ class ServerOptions:
     step_buffer: int = 256
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
     max_outbox_bytes: int = 64 << 20  # unsent bytes per connection before it is closed (slow_client)
+    # inbound rate per websocket connection (engine.server.frame_rate); 0: no bound
+    max_frames_per_s: float = FRAMES_PER_S
+    max_inbound_bytes_per_s: float = BYTES_PER_S
     client_restart: bool = True  # False: ``restart`` is refused (restart_disabled)
     redact_tokens: bool = False  # watchers get no token ids (engine.events.redact)
     ping_interval: float | None = 20.0
@@ -80,6 +84,7 @@ class ServerOptions:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.rate_limit()  # raises on a bad rate
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port!r}")
         check_bind(self.host, self.allow_remote, self.token)
@@ -96,12 +101,20 @@ class ServerOptions:
         """The served model name: the first --served-model-name, else --model."""
         return self.served_model_name[0] if self.served_model_name else self.engine.model
 
+    def rate_limit(self) -> RateLimit:
+        """Each connection's inbound bound: the burst of bytes lets two of the largest
+        frames through at once."""
+        return RateLimit(self.max_frames_per_s, FRAME_BURST, self.max_inbound_bytes_per_s,
+                         max(BYTE_BURST, 2 * self.max_frame_bytes))
+
     def limits(self) -> dict[str, Any]:
         """The bounds a client may want to know (sent in ``hello.limits``)."""
         return {"max_frame_bytes": self.max_frame_bytes,
                 "max_in_flight_per_connection": self.max_in_flight_per_conn,
                 "max_queue": self.engine.max_waiting, "step_buffer": self.step_buffer,
                 "max_outbox_bytes": self.max_outbox_bytes, "max_n": MAX_N,
+                "max_frames_per_s": self.max_frames_per_s,
+                "max_inbound_bytes_per_s": self.max_inbound_bytes_per_s,
                 "redact_tokens": self.redact_tokens, "client_restart": self.client_restart}
 
 
@@ -112,7 +125,8 @@ class KVScopeServer(FrontDoor):
                          ping_interval=options.ping_interval,
                          limits=HubLimits(options.max_frame_bytes, options.step_buffer,
                                           options.step_history, options.max_outbox_bytes,
-                                          max_in_flight=options.max_in_flight_per_conn),
+                                          max_in_flight=options.max_in_flight_per_conn,
+                                          rate=options.rate_limit()),
                          redact_tokens=options.redact_tokens, allowed_hosts=options.allowed_hosts,
                          max_pending_ops=options.max_pending_ops,
                          board=HealthBoard(options.engine.model),

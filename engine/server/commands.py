@@ -13,6 +13,7 @@ import os
 import sys
 
 from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT
+from engine.server.frame_rate import BYTES_PER_S, FRAME_BURST, FRAMES_PER_S
 from engine.server.security import TOKEN_ENV
 
 
@@ -54,6 +55,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-frame-bytes", type=int, default=1 << 20,
                    help="largest client frame answered; 4x this closes the connection (1009)")
     g.add_argument("--max-in-flight", type=int, default=64, help="live requests per connection")
+    g.add_argument("--max-frames-per-s", type=float, default=FRAMES_PER_S, metavar="N",
+                   help="frames a websocket connection may send per second, after a burst of "
+                        f"{FRAME_BURST}; past it the server reads that connection no faster "
+                        "(nothing is refused; 0 = no bound; default %(default)s)")
+    g.add_argument("--max-inbound-bytes-per-s", type=float, default=BYTES_PER_S, metavar="N",
+                   help="bytes a websocket connection may send per second, after a burst of two "
+                        "--max-frame-bytes frames (at least 4 MiB); 0 = no bound (default 8 MiB)")
     g.add_argument("--max-api-in-flight", type=int, default=DEFAULT_MAX_API_IN_FLIGHT, metavar="N",
                    help="live generation requests (one per prompt) per client address over the "
                         "OpenAI API; past it a call gets 429 too_many_in_flight "
@@ -107,6 +115,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              max_api_in_flight=args.max_api_in_flight,
                              client_restart=args.client_restart, redact_tokens=args.redact_tokens,
                              max_outbox_bytes=args.max_outbox_bytes, step_buffer=args.step_buffer,
+                             max_frames_per_s=args.max_frames_per_s,
+                             max_inbound_bytes_per_s=args.max_inbound_bytes_per_s,
                              served_model_name=tuple(args.served_model_name or ()),
                              allowed_hosts=tuple(args.allowed_hosts))
     except (BindRefused, KVScopeError, ValueError) as exc:

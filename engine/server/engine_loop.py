@@ -43,7 +43,7 @@ from engine.server.health import Health, HealthBoard, ProgressCapture, Status
 from engine.server.mailbox import (
     Attach, Delivery, Detach, Letter, Mailbox, NewRun, Prepared, Reply, Shutdown, StepOut,
 )
-from engine.server.memory_hygiene import Trimmer, bound_cpu_shape_caches
+from engine.server.memory_hygiene import Trimmer, bound_cpu_shape_caches, freeze_heap
 from engine.server.output_messages import finished_fields
 from engine.server.prompt_prep import PromptPrep
 from engine.server.request_book import MAX_N, RequestBook
@@ -87,6 +87,7 @@ class EngineWorker(threading.Thread):
         self.restart_limits: RestartLimits | None = None
         self.stop_requested = threading.Event()  # set by the app before it sends Shutdown
         self.trimmer = Trimmer()  # hands freed heap back to the OS now and then (memory_hygiene)
+        self.frozen_objects = 0  # what the last freeze_heap froze (memory_hygiene)
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -103,6 +104,7 @@ class EngineWorker(threading.Thread):
         if self.stop_requested.is_set():  # stopped while loading: start no run at all
             return
         self._install(engine)
+        del engine  # self.engine is the one reference: a restart must be able to free it
         # The run's NewRun goes out now, not with the first letter's answers: the loop
         # would otherwise wait for a client's op (the first of an idle server blocks
         # this thread), and until it arrives the front doors have no PromptPrep (an
@@ -136,6 +138,9 @@ class EngineWorker(threading.Thread):
             self.run_id = new_run_id()
         engine.step_listeners.append(self._on_step)
         self.prep = PromptPrep.of(engine, self.prep)
+        # Before "ready": full collections skip the loaded heap from the first request
+        # on (a restart's old engine, no longer referenced, is collected first).
+        self.frozen_objects = freeze_heap()
         self._out.append(NewRun(self._hello(), Snapshot(-1, engine.snapshot(), {}), self.prep))
         self.board.set(Health(Status.READY, "ready", self.run_id, engine.spec.name, config))
         log.info("kvscope: engine ready (run %s, %d blocks x %d tokens)", self.run_id,
@@ -376,6 +381,7 @@ class EngineWorker(threading.Thread):
         old.hand_over_kv_events()
         old_run = self.run_id
         self._want_snapshot = [w for w in self._want_snapshot if isinstance(w.command, Attach)]
+        del old  # self.engine is the last reference: _install drops it before it freezes
         self._install(new)
         self._reply(sink, Ok(cmd.type, {"run_id": self.run_id, "previous_run_id": old_run}))
 

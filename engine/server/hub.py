@@ -31,6 +31,7 @@ from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.events.redact import redact_snapshot, redact_step
 from engine.protocol.messages import Error, Pong, Snapshot, Step, Steps
 from engine.protocol.ops import Ping, StepsSince
+from engine.server.frame_rate import FrameRate, RateLimit
 from engine.server.inbound import Inbound, refusal
 from engine.server.mailbox import Attach, Delivery, Detach, Mailbox, NewRun, Reply, StepOut
 from engine.server.outbox import Outbox
@@ -58,6 +59,7 @@ class HubLimits:
     # before the outbox bound (the part we control and count) kicks in.
     socket_send_buffer: int = 256 << 10
     max_in_flight: int = 64  # submits per connection being prepared, checked or run
+    rate: RateLimit = RateLimit()  # inbound frames and bytes per connection (engine.server.frame_rate)
 
 
 class Hub:
@@ -109,9 +111,13 @@ class Hub:
         self.conns[conn.id] = conn
         conn.writer = asyncio.create_task(conn.write(), name=f"kvscope-writer-{conn.id}")
         self.mailbox.send_lifecycle(conn, Attach())
+        rate = FrameRate(self.limits.rate)
         try:
             async for frame in ws:
-                self._on_frame(conn, frame)
+                pause = rate.charge(self._on_frame(conn, frame))
+                if pause > 0.0:  # past its rate: its next frames wait in its own socket
+                    self.metrics.throttled_seconds.inc(pause)
+                    await asyncio.sleep(pause)
         except ConnectionClosed:
             pass  # includes 1009 for frames past the hard size limit
         finally:
@@ -125,28 +131,30 @@ class Hub:
 
     # ---- inbound ------------------------------------------------------------------------
 
-    def _on_frame(self, conn: ClientConn, frame: str | bytes) -> None:
+    def _on_frame(self, conn: ClientConn, frame: str | bytes) -> int:
+        """Answer or pass on one frame; its size in bytes (what it costs the rate)."""
         if isinstance(frame, bytes):
             conn.reply(Error(ErrorCode.BINARY_FRAME, "binary frames are not part of the protocol; "
                                                      "send JSON text frames"))
-            return
+            return len(frame)
         size = len(frame.encode("utf-8"))
         if size > self.limits.max_frame_bytes:
             rid, op_name = _frame_ids(frame)  # so the submitter's wait ends with this reply
             conn.reply(Error(ErrorCode.TOO_LARGE, f"frame of {size} bytes is over the limit of "
                                                   f"{self.limits.max_frame_bytes}", rid, op_name))
-            return
+            return size
         try:
             op = parse_op(frame)
         except ProtocolError as exc:
             conn.reply(Error.from_exc(exc))
-            return
+            return size
         if isinstance(op, Ping):
             conn.reply(Pong(time.time()))
         elif isinstance(op, StepsSince):
             self._answer_steps(conn, op)
         else:
             self._inbound(conn).take(op)
+        return size
 
     def _inbound(self, conn: ClientConn) -> Inbound:
         if conn.inbound is None:

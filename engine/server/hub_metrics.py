@@ -19,6 +19,7 @@ class HubMetrics(Protocol):
     dropped_steps: Any  # a prometheus Counter: step messages dropped for slow clients
     errors: Any  # a prometheus Counter labelled by error code
     slow_client_closes: Any  # a prometheus Counter: connections closed 1008 slow_client
+    throttled_seconds: Any  # a prometheus Counter: time connections were not read (frame rate)
 
     def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
                   outbox_max_bytes: Callable[[], int] = ...) -> None: ...

@@ -53,6 +53,7 @@ class ServerMetrics:
         self.dropped_steps = self.kvscope.dropped_steps
         self.errors = self.kvscope.errors
         self.slow_client_closes = self.kvscope.slow_client_closes
+        self.throttled_seconds = self.kvscope.throttled_seconds
 
     @property
     def model_name(self) -> str:

@@ -57,7 +57,8 @@ def test_a_client_asking_for_100_snapshots_without_reading_is_owed_one(make_serv
 
 def test_a_client_past_the_byte_bound_is_closed_and_counted(make_server):
     # The snapshot (~0.7 MB) jams the stalled socket; then its pongs pile up unread.
-    server = make_server(engine={"num_kv_blocks": 8192}, max_outbox_bytes=1 << 20)
+    # no frame rate: the pongs must pile up faster than 200 a second (test_frame_rate)
+    server = make_server(engine={"num_kv_blocks": 8192}, max_outbox_bytes=1 << 20, max_frames_per_s=0)
     with KVScopeClient(server.url, timeout=30) as busy:
         assert _metric(server.port, "kvscope_ws_slow_client_closes_total") == 0
         stalled = _stalled_socket(server.url)

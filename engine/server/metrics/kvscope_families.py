@@ -70,6 +70,9 @@ class KVScopeFamilies:
         self.slow_client_closes = s.one(Counter, "kvscope_ws_slow_client_closes",
                                         "Connections closed (1008 slow_client) for leaving more than "
                                         "the outbox bound unread.")
+        self.throttled_seconds = s.one(Counter, "kvscope_ws_throttled_seconds",
+                                       "Seconds websocket connections were not read because they "
+                                       "sent past their frame or byte rate.")
 
     def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
                   outbox_max_bytes: Callable[[], int] = lambda: 0) -> None:
