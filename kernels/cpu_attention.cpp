@@ -230,8 +230,13 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_ca
   }
 }
 
+// Every kernel runs without the GIL (the guard releases it once the arguments are
+// converted): a server's event loop and recorder threads run while the engine
+// thread is in here, as they do while it is inside any torch op.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("write_kv", &write_kv, "key / value [T, kv_heads, head_dim] into their slots of the paged caches");
+  m.def("write_kv", &write_kv, "key / value [T, kv_heads, head_dim] into their slots of the paged caches",
+        py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention", &paged_decode_attention,
-        "one query token per sequence attends over its paged K/V context (float32), into out's rows");
+        "one query token per sequence attends over its paged K/V context (float32), into out's rows",
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -154,8 +154,14 @@ void add_rms_norm(const c10::optional<at::Tensor>& x, at::Tensor& residual, cons
   });
 }
 
+// Every kernel runs without the GIL (the guard releases it once the arguments are
+// converted): a server's event loop and recorder threads run while the engine
+// thread is in here, as they do while it is inside any torch op.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("silu_mul", &silu_mul, "silu(gate) * up for gate_up [T, 2I], into out [T, I]");
-  m.def("rope", &rope, "x * cos + swap_halves(x) * signed_sin, into out");
-  m.def("add_rms_norm", &add_rms_norm, "residual += x (if given); out = rms_norm(residual) * weight");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up for gate_up [T, 2I], into out [T, I]",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rope", &rope, "x * cos + swap_halves(x) * signed_sin, into out",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("add_rms_norm", &add_rms_norm, "residual += x (if given); out = rms_norm(residual) * weight",
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -200,8 +200,14 @@ void int8_dequantize(torch::Tensor w, torch::Tensor scales, torch::Tensor offset
   });
 }
 
+// Every kernel runs without the GIL (the guard releases it once the arguments are
+// converted): a server's event loop and recorder threads run while the engine
+// thread is in here, as they do while it is inside any torch op.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_linear", &int8_linear, "x [M,K] f32 @ (int8 [N,K] * scales + offsets [N,K/32])^T (+ bias)");
-  m.def("bf16_linear", &bf16_linear, "x [M,K] f32 @ (bf16 [N,K])^T (+ bias), f32 compute");
-  m.def("int8_dequantize", &int8_dequantize, "int8 [N,K] * scales + offsets -> f32 [N,K] into out");
+  m.def("int8_linear", &int8_linear, "x [M,K] f32 @ (int8 [N,K] * scales + offsets [N,K/32])^T (+ bias)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("bf16_linear", &bf16_linear, "x [M,K] f32 @ (bf16 [N,K])^T (+ bias), f32 compute",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("int8_dequantize", &int8_dequantize, "int8 [N,K] * scales + offsets -> f32 [N,K] into out",
+        py::call_guard<py::gil_scoped_release>());
 }
