@@ -19,6 +19,7 @@ It reports requests served, the server's RSS (start of the mix, peak, end), the 
 clients' p50/p99 latency quiet vs mixed (as they measured it, and as the server
 recorded it), the recorder's backlog (peak, from
 /metrics), rows recorded against requests served (SQLite, after the server stops),
+the mix's step gaps over 80 ms (while requests ran, or after the engine went idle),
 the box's load average over the run, and whether the goals hold: RSS growth within
 100 MB, mixed p99 within 2x quiet, 100% of served requests recorded. Everything
 stops by itself at the deadline.
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 GREEDY = {"temperature": 0.0, "max_tokens": 16, "ignore_eos": True}
 RSS_GOAL_MB = 100
 P99_GOAL = 2.0
+GAP_S = 0.08  # step gaps longer than this are reported (quiet steps of the tiny model: 2-5 ms)
 
 
 @dataclass
@@ -83,6 +85,21 @@ def _metric(port: int, name: str) -> float | None:
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.split()[-1])
     return None
+
+
+def _step_gaps(conn: sqlite3.Connection, mix_wall: float, over_s: float = GAP_S) -> dict:
+    """Gaps between consecutive recorded steps of the mix longer than ``over_s``: while
+    requests ran in the step before (a stall every running request saw) or after the
+    engine had gone idle (waiting for the next request: time on the clients' side)."""
+    rows = [(ts, json.loads(m).get("num_requests_running", 0)) for ts, m in
+            conn.execute("select ts, metrics from steps where ts >= ? order by seq", (mix_wall,))]
+    running, idle = [], []
+    for (t0, before), (t1, _) in zip(rows, rows[1:]):
+        if t1 - t0 > over_s:
+            (running if before else idle).append(t1 - t0)
+    return {"over_s": over_s, "while_running": len(running), "after_idle": len(idle),
+            "max_while_running_s": round(max(running, default=0.0), 3),
+            "max_after_idle_s": round(max(idle, default=0.0), 3)}
 
 
 def _p(values: list[float], q: float) -> float | None:
@@ -340,6 +357,7 @@ def run(minutes: float, model: str, good: int, extra: list[str], probe: str | No
     proc.terminate()
     proc.wait(60)
     with sqlite3.connect(db) as conn:
+        gaps = _step_gaps(conn, mix_wall)
         recorded = {r[0] for r in conn.execute("select request_id from requests")}
         finish = dict(conn.execute("select request_id, outputs from requests"))
         timings = {r: json.loads(t) for r, t in
@@ -371,6 +389,7 @@ def run(minutes: float, model: str, good: int, extra: list[str], probe: str | No
             for ph in ("quiet", "mixed") for q, qv in (("p50", 0.5), ("p99", 0.99))},
         "recorder_backlog_steps": {"peak": max(backlog, default=None),
                                    "mean": statistics.mean(backlog) if backlog else None},
+        "step_gaps": gaps,
         "rows_recorded": len(recorded & tally.accepted), "good_rows_finished_length": good_ok,
         "load_avg_1m": {"mean": round(statistics.mean(loads), 2), "max": round(max(loads), 2)},
     }
