@@ -49,25 +49,32 @@ class RateLimit:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
+class _Bucket:
+    """``rate`` tokens a second up to ``burst``; a take past empty is a debt, and its
+    wait is the time the debt takes to refill. A rate of 0: no bound, no wait."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = float(burst)
+
+    def take(self, amount: float, dt: float) -> float:
+        if not self.rate:
+            return 0.0
+        self.tokens = min(self.burst, self.tokens + dt * self.rate) - amount
+        return max(0.0, -self.tokens / self.rate)
+
+
 class FrameRate:
     def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic) -> None:
         self.limit = limit
         self._clock = clock
-        self._frames = float(limit.frame_burst)  # tokens left; below 0 is a debt
-        self._bytes = float(limit.byte_burst)
+        self._frames = _Bucket(limit.frames_per_s, limit.frame_burst)
+        self._bytes = _Bucket(limit.bytes_per_s, limit.byte_burst)
         self._t = clock()
 
     def charge(self, nbytes: int) -> float:
         """Take one frame of ``nbytes``; the seconds to stop reading before the next
-        frame (0.0: read on)."""
-        lim = self.limit
+        frame (0.0: read on): the longer of the two buckets' waits."""
         now = self._clock()
         dt, self._t = max(0.0, now - self._t), now
-        wait = 0.0
-        if lim.frames_per_s:
-            self._frames = min(lim.frame_burst, self._frames + dt * lim.frames_per_s) - 1
-            wait = max(wait, -self._frames / lim.frames_per_s)
-        if lim.bytes_per_s:
-            self._bytes = min(lim.byte_burst, self._bytes + dt * lim.bytes_per_s) - nbytes
-            wait = max(wait, -self._bytes / lim.bytes_per_s)
-        return wait
+        return max(self._frames.take(1, dt), self._bytes.take(nbytes, dt))

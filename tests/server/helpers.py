@@ -21,6 +21,13 @@ def http_get(port: int, path: str, headers: dict | None = None) -> tuple[int, st
         return e.code, e.read().decode()
 
 
+def metric(port: int, name: str) -> float:
+    """The value of ``name``'s one series in /metrics (every series carries labels)."""
+    text = http_get(port, "/metrics")[1]
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(name + "{")]
+    return float(line.split()[-1])
+
+
 def healthz(port: int) -> dict:
     return json.loads(http_get(port, "/healthz")[1])
 

@@ -13,7 +13,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.server.app import ServerOptions
 from engine.server.frame_rate import FrameRate, RateLimit
-from tests.server.helpers import http_get, raw
+from tests.server.helpers import healthz, metric, raw
 
 
 class Clock:
@@ -54,17 +54,11 @@ def test_a_rate_of_zero_is_no_bound_and_bad_rates_are_refused(tiny_llama):
         ServerOptions(EngineConfig(model=tiny_llama), max_frames_per_s=-5)
 
 
-def _metric(port: int, name: str) -> float:
-    text = http_get(port, "/metrics")[1]
-    (line,) = [ln for ln in text.splitlines() if ln.startswith(name + "{") or ln.startswith(name + " ")]
-    return float(line.split()[-1])
-
-
 def test_a_ping_flood_is_read_at_the_rate_and_every_ping_is_answered(make_server):
     server = make_server(max_frames_per_s=100)
     flood = raw(server.url)
     other = raw(server.url)
-    assert json.loads(http_get(server.port, "/healthz")[1])["status"] == "ready"
+    assert healthz(server.port)["status"] == "ready"
     n = 400 + 300  # the burst, then 3 s at 100 a second
     for _ in range(n):
         flood.send('{"type":"ping"}')
@@ -81,7 +75,7 @@ def test_a_ping_flood_is_read_at_the_rate_and_every_ping_is_answered(make_server
     # box reads it slower); without the bound all 700 take a few tens of milliseconds
     assert server_times[-1] - server_times[400] >= 2.0, server_times[-1] - server_times[400]
     assert max(m["ts"] for m in theirs) < server_times[-1] - 1.0
-    assert _metric(server.port, "kvscope_ws_throttled_seconds_total") >= 2.0
+    assert metric(server.port, "kvscope_ws_throttled_seconds_total") >= 2.0
     hello_limits = server.options.limits()
     assert hello_limits["max_frames_per_s"] == 100
     flood.close()
@@ -111,5 +105,5 @@ def test_a_byte_flood_is_read_at_the_byte_rate(make_server):
     # refilled while the burst was read; unbounded, all 12 take ~0.1 s
     assert elapsed >= 1.0, elapsed
     assert done.wait(10)
-    assert _metric(server.port, "kvscope_ws_throttled_seconds_total") >= 1.0
+    assert metric(server.port, "kvscope_ws_throttled_seconds_total") >= 1.0
     ws.close()

@@ -14,14 +14,8 @@ import json
 import time
 
 from engine.client import KVScopeClient
-from tests.server.helpers import GREEDY, http_get
+from tests.server.helpers import GREEDY, metric
 from tests.server.test_stalled import _stalled_socket
-
-
-def _metric(port: int, name: str) -> float:
-    text = http_get(port, "/metrics")[1]
-    (line,) = [ln for ln in text.splitlines() if ln.startswith(name + "{")]
-    return float(line.split()[-1])
 
 
 def _wait(cond, timeout: float = 20.0) -> None:
@@ -51,7 +45,7 @@ def test_a_client_asking_for_100_snapshots_without_reading_is_owed_one(make_serv
         # unsent: at most one snapshot (the one on the wire is out of the outbox) + small replies
         assert box.num_bytes <= snap_bytes + 16_384, box.num_bytes
         assert box.max_bytes_seen <= 2 * snap_bytes + 16_384, box.max_bytes_seen
-        assert _metric(server.port, "kvscope_ws_outbox_max_bytes") <= snap_bytes + 16_384
+        assert metric(server.port, "kvscope_ws_outbox_max_bytes") <= snap_bytes + 16_384
         stalled.close()
 
 
@@ -60,7 +54,7 @@ def test_a_client_past_the_byte_bound_is_closed_and_counted(make_server):
     # no frame rate: the pongs must pile up faster than 200 a second (test_frame_rate)
     server = make_server(engine={"num_kv_blocks": 8192}, max_outbox_bytes=1 << 20, max_frames_per_s=0)
     with KVScopeClient(server.url, timeout=30) as busy:
-        assert _metric(server.port, "kvscope_ws_slow_client_closes_total") == 0
+        assert metric(server.port, "kvscope_ws_slow_client_closes_total") == 0
         stalled = _stalled_socket(server.url)
         _wait(lambda: any(c.attached for c in server.hub.conns.values() if c.id != 1))
         for _ in range(40_000):  # ~1.6 MB of pongs owed
@@ -69,6 +63,6 @@ def test_a_client_past_the_byte_bound_is_closed_and_counted(make_server):
             except Exception:  # closed by the server under our feet: what we want
                 break
         _wait(lambda: len(server.hub.conns) == 1)
-        assert _metric(server.port, "kvscope_ws_slow_client_closes_total") == 1
+        assert metric(server.port, "kvscope_ws_slow_client_closes_total") == 1
         assert busy.generate("still served", params=GREEDY).outputs[0]["finish_reason"] == "length"
         stalled.close()
