@@ -6,9 +6,10 @@ from t0 to the request's first token on either system.
 
 Each run also records the CPU seconds the process used (``time.process_time()``).
 On a machine shared with other jobs, wall time stretches with their load while CPU
-time mostly does not (summed over the process's threads; with OpenMP's PASSIVE wait
-policy a thread waiting at a barrier sleeps rather than spins, so waiting is not
-counted), so tokens per CPU-second is the load-robust cross-check of throughput.
+time mostly does not (summed over the process's threads; under the default
+``GOMP_SPINCOUNT=10000`` a thread waiting at a barrier spins ~0.1 ms before it sleeps, so
+a little waiting is counted, and under OMP_WAIT_POLICY=PASSIVE none), so tokens per
+CPU-second is the load-robust cross-check of throughput.
 """
 
 from __future__ import annotations

@@ -223,6 +223,9 @@ def omp_wait_policy() -> str:
 
 
 def default_threads_env(threads: int | None) -> None:
-    """``--threads N`` wins over the engine's own choice for this whole process."""
+    """``--threads N`` wins over the engine's own choice for this whole process. Either
+    way the count stays fixed for the run (no CoreGovernor, engine/cpu_threads.py): the
+    ceilings and every unit are measured at the one count the results report."""
     if threads is not None:
         os.environ["KVSCOPE_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("KVSCOPE_ADAPT_THREADS", "0")

@@ -44,7 +44,11 @@ POLICIES: dict[str, tuple[str, int, dict[str, str]]] = {
     # kvscope sets when nothing is exported stays out of this worker
     "2t-default": ("2 threads, libgomp default wait (GOMP_SPINCOUNT=300000)", 2,
                    {"GOMP_SPINCOUNT": "300000"}),
+    # kvscope's default: the engine's own choice, its CoreGovernor on (engine/cpu_threads.py)
+    "governed": ("2 threads, GOMP_SPINCOUNT=10000, governed (kvscope's default)", 2,
+                 {"GOMP_SPINCOUNT": "10000"}),
 }
+GOVERNED = {"governed"}  # not pinned: the engine's CoreGovernor may change the count
 _OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "KVSCOPE_NUM_THREADS",
              "KMP_BLOCKTIME", "MKL_NUM_THREADS")
 UNITS = {"decode_1": 12, "decode_16": 4, "decode_64": 2, "prefill_512": 1}  # unit -> steps per call
@@ -54,7 +58,7 @@ _PAUSE_S = 0.05  # > libgomp's default ~3 ms spin: the last worker's threads are
 
 # ---- worker side -------------------------------------------------------------------
 
-def _worker(threads: int, model: str, rounds: int) -> None:
+def _worker(threads: int, model: str, rounds: int, governed: bool = False) -> None:
     import torch
 
     from bench.cpu_units import DecodeBatch, Prefill, decode_max_tokens, fitting_prompt_len
@@ -80,7 +84,7 @@ def _worker(threads: int, model: str, rounds: int) -> None:
             units[name] = Prefill(eng, vocab, n)
     for name, unit in units.items():  # warm-up call of each, not reported
         unit.run(1) if name.startswith("decode") else unit.run()
-    if torch.get_num_threads() != threads:
+    if not governed and torch.get_num_threads() != threads:
         raise RuntimeError(f"worker runs {torch.get_num_threads()} torch threads, asked for {threads}")
     print(json.dumps({"ready": True, "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
@@ -89,7 +93,7 @@ def _worker(threads: int, model: str, rounds: int) -> None:
             break
         unit = units[name]
         timing = unit.run(UNITS[name]) if name.startswith("decode") else unit.run()
-        print(json.dumps(timing.to_dict()), flush=True)
+        print(json.dumps(dict(timing.to_dict(), torch_threads=torch.get_num_threads())), flush=True)
 
 
 # ---- coordinator side --------------------------------------------------------------
@@ -99,13 +103,15 @@ class Worker:
         _, threads, extra = POLICIES[policy]
         env = {k: v for k, v in os.environ.items() if k not in _OMP_VARS}
         env.update(extra)
-        env["KVSCOPE_NUM_THREADS"] = str(threads)  # the engine's own choice must not override it
+        if policy not in GOVERNED:
+            env["KVSCOPE_NUM_THREADS"] = str(threads)  # the engine's own choice must not override it
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                           env.get("PYTHONPATH")]))
         self.policy = policy
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.threads_ab", "--worker", str(threads), "--model", model,
-             "--rounds", str(rounds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+             "--rounds", str(rounds), *(["--governed"] if policy in GOVERNED else [])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def wait_ready(self) -> dict:
         return self._reply()
@@ -177,6 +183,7 @@ def run(policies: list[str], loads: list[str], rounds: int, model: str, progress
         for load in loads:
             times = {(p, u): [] for p in policies for u in UNITS}  # per round: median step s
             cpus = {(p, u): [] for p in policies for u in UNITS}
+            used = {(p, u): [] for p in policies for u in UNITS}  # torch threads after each call
             before = {"loadavg": loadavg(), "psi_avg10": _pressure()}
             hog = start_load(load, max_seconds=3600)
             try:
@@ -188,6 +195,7 @@ def run(policies: list[str], loads: list[str], rounds: int, model: str, progress
                             t = w.run(unit)
                             times[(w.policy, unit)].append(statistics.median(t["wall_s"]))
                             cpus[(w.policy, unit)].append(statistics.median(t["cpu_s"]))
+                            used[(w.policy, unit)].append(t["torch_threads"])
                     if progress:
                         print(f"[{load}] round {r + 1}/{rounds} load {loadavg()}", file=sys.stderr, flush=True)
             finally:
@@ -195,14 +203,14 @@ def run(policies: list[str], loads: list[str], rounds: int, model: str, progress
                     hog.kill()
                     hog.wait()
             out["loads"][load] = {"before": before, "after": {"loadavg": loadavg(), "psi_avg10": _pressure()},
-                                  "units": _summarise(policies, times, cpus)}
+                                  "units": _summarise(policies, times, cpus, used)}
         return out
     finally:
         for w in workers:
             w.close()
 
 
-def _summarise(policies, times, cpus) -> dict:
+def _summarise(policies, times, cpus, used) -> dict:
     base = policies[0]
     res: dict = {}
     for unit in UNITS:
@@ -215,6 +223,7 @@ def _summarise(policies, times, cpus) -> dict:
                 "median_cpu_ms": 1e3 * statistics.median(cpus[(p, unit)]),
                 "ratio_vs_first": statistics.median(t / b for t, b in zip(ts, times[(base, unit)])),
                 "round_medians_ms": [1e3 * t for t in ts],
+                "torch_threads_after": used[(p, unit)],
             }
     return res
 
@@ -234,6 +243,11 @@ def render(res: dict) -> str:
             cells = [f"{row[p]['median_step_ms']:.0f} ({row[p]['ratio_vs_first']:.2f}) "
                      f"[{row[p]['median_cpu_ms']:.0f}]" for p in policies]
             lines.append(f"| {unit} | " + " | ".join(cells) + " |")
+        for p in policies:
+            if p in GOVERNED:
+                after = [n for row in entry["units"].values() for n in row[p]["torch_threads_after"]]
+                counts = ", ".join(f"{n} thread(s) after {after.count(n)}" for n in sorted(set(after)))
+                lines += ["", f"{res['policies'][p]['label']}: {counts} of {len(after)} calls."]
         lines.append("")
     return "\n".join(lines)
 
@@ -241,6 +255,7 @@ def render(res: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--governed", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--loads", default="none,busy", help=f"comma-separated subset of {','.join(LOADS)}")
@@ -250,7 +265,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     if args.worker is not None:
-        _worker(args.worker, args.model, args.rounds)
+        _worker(args.worker, args.model, args.rounds, args.governed)
         return
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]

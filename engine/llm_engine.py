@@ -66,6 +66,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.last_metrics: dict = {}
         self.last_fault: StepFault | None = None  # the last step's, if its forward raised
+        self.core_governor = None  # engine.cpu_threads.CoreGovernor (build_engine, CPU only)
         self.kv_events = None  # KVEventsPublisher when kv_events_config enables one
         self._owns_kv_events = False
         kv_config = config.kv_events_config
@@ -188,8 +189,13 @@ class LLMEngine:
         final outputs (finish reason "abort") come first in the list, and ``last_fault``
         says what happened. A fault outside the forward is raised."""
         self.last_fault = None
+        gov = self.core_governor  # CPU: torch threads fitted to the free cores
+        if gov is not None:
+            gov.tick()
         scheduler_output = self.scheduler.schedule()
         model_output, aborted = self._execute(scheduler_output)
+        if gov is not None:
+            gov.stepped()
         core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         processed = self._process_outputs(core_outputs)
         self._publish(processed)

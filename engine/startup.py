@@ -150,4 +150,20 @@ def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events
         "maximum concurrency for %d tokens per request: %.2fx; attention backend: %s",
         num_blocks, cfg.block_size, cache.num_slots, num_blocks * per_block / 2**20, source,
         max_len, cache.num_slots / max_len, backend.name)
-    return LLMEngine(cfg, EngineParts(loaded, cache, sched, runner, per_block), scheduler, kv_events)
+    engine = LLMEngine(cfg, EngineParts(loaded, cache, sched, runner, per_block), scheduler, kv_events)
+    if device.type == "cpu":
+        engine.core_governor = cpu_governor(cfg.num_threads)
+    return engine
+
+
+def cpu_governor(num_threads: int | None = None):
+    """A CoreGovernor for an engine on the default thread count (engine/cpu_threads.py),
+    or None: an explicit count, one usable core, or ``KVSCOPE_ADAPT_THREADS=0``."""
+    from engine.cpu_threads import CoreGovernor, governed, thread_count
+
+    if not governed(num_threads):
+        return None
+    n = thread_count(num_threads)
+    if n is None or n < 2:
+        return None
+    return CoreGovernor(n)

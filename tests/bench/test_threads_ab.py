@@ -28,3 +28,14 @@ def test_load_process_is_bounded():
     assert hog.wait(timeout=20) == 0
     assert time.monotonic() - t < 20
     assert threads_ab.start_load("none", 1) is None
+
+
+def test_the_governed_default_is_not_pinned_and_reports_its_counts(tiny_llama):
+    res = threads_ab.run(["1t", "governed"], ["none"], rounds=1, model=tiny_llama, progress=False)
+    assert res["policies"]["governed"]["env"] == {"GOMP_SPINCOUNT": "10000"}
+    units = res["loads"]["none"]["units"]
+    for row in units.values():
+        assert row["1t"]["torch_threads_after"] == [1]
+        assert len(row["governed"]["torch_threads_after"]) == 1
+        assert 1 <= row["governed"]["torch_threads_after"][0] <= 2
+    assert "governed (kvscope's default): " in threads_ab.render(res)

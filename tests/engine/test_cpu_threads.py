@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import sys
 
 import pytest
@@ -13,7 +14,8 @@ from engine import cpu_threads
 from engine.config import EngineConfig
 from engine.core import ConfigError
 
-_VARS = ("KVSCOPE_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+_VARS = ("KVSCOPE_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+         "KVSCOPE_ADAPT_THREADS")
 
 
 @pytest.fixture
@@ -59,6 +61,7 @@ def test_configure_cpu_threads_sets_torch(clean_env):
 
 
 def test_wait_policy_is_set_only_before_torch_and_only_if_not_exported(clean_env):
+    assert cpu_threads.WAIT_POLICY_ENV == {"GOMP_SPINCOUNT": "10000"}  # the measured winner
     clean_env.setattr(cpu_threads, "WAIT_POLICY_ENV", {"OMP_WAIT_POLICY": "PASSIVE"})
     clean_env.setitem(sys.modules, "torch", sys.modules.get("torch") or object())
     assert not cpu_threads.set_default_wait_policy()  # torch already loaded: too late
@@ -86,3 +89,133 @@ def test_importing_engine_applies_the_default_in_a_fresh_process(exported):
     else:
         want = cpu_threads.WAIT_POLICY_ENV or {}
         assert out == [want.get("OMP_WAIT_POLICY", "None"), want.get("GOMP_SPINCOUNT", "None")]
+
+
+# ---- the CoreGovernor: exact decisions on fake clocks and CPU counters --------------
+
+class _Box:
+    """A fake clock, /proc/stat busy seconds over our CPUs and our own CPU seconds."""
+
+    def __init__(self) -> None:
+        self.t, self.box, self.own, self.threads, self.set = 0.0, 0.0, 0.0, 2, []
+
+    def run(self, gov, seconds: float, others: float, step_s: float = 0.05) -> None:
+        """Steps back to back for ``seconds``: we use ``threads`` cores, others ``others``."""
+        end = self.t + seconds
+        while self.t < end - 1e-9:
+            gov.tick()
+            self.t += step_s
+            self.own += self.threads * step_s
+            self.box += (self.threads + others) * step_s
+            gov.stepped()
+
+    def apply(self, n: int) -> None:
+        self.set.append(n)
+        self.threads = n
+
+
+def _governor(box: _Box, **kw) -> cpu_threads.CoreGovernor:
+    return cpu_threads.CoreGovernor(2, cpus=(0, 1), clock=lambda: box.t, box=lambda cpus: box.box,
+                                    own=lambda: box.own, apply=box.apply, current=lambda: box.threads, **kw)
+
+
+def test_governor_gives_up_a_core_while_another_job_holds_one_and_takes_it_back():
+    box = _Box()
+    gov = _governor(box)
+    box.run(gov, 1.0, others=0.0)
+    assert box.set == [] and gov.others == 0.0  # a quiet box: both cores stay ours
+    box.run(gov, 0.75, others=1.0)
+    assert box.set == [1] and gov.others == pytest.approx(1.0)  # a busy-loop job: one thread
+    box.run(gov, 1.0, others=1.0)
+    assert box.set == [1]  # measured at 1 thread, the job still holds its core
+    box.run(gov, 0.75, others=0.0)
+    assert box.set == [1, 2] and gov.changes == 2  # the job ended: the second core again
+
+
+def test_governor_hysteresis_between_half_a_core_and_a_third():
+    box = _Box()
+    gov = _governor(box)
+    box.run(gov, 1.0, others=0.45)  # under half a core elsewhere: keep 2
+    assert box.set == []
+    box.run(gov, 0.75, others=0.6)  # over half: down
+    assert box.set == [1]
+    box.run(gov, 1.0, others=0.4)  # between 0.3 and 0.5: stay at 1
+    assert box.set == [1]
+    box.run(gov, 0.75, others=0.2)  # under 0.3: up
+    assert box.set == [1, 2]
+
+
+def test_governor_ignores_what_others_did_while_the_engine_was_idle():
+    box = _Box()
+    gov = _governor(box)
+    box.run(gov, 0.2, others=0.0)
+    box.t += 5.0  # the engine idles 5 s while another job uses both cores
+    box.box += 2 * 5.0
+    box.run(gov, 1.0, others=0.0)
+    assert box.set == [] and gov.others == 0.0  # the pause restarted the window
+
+
+def test_governor_decide_on_more_cores():
+    box = _Box()
+    gov = cpu_threads.CoreGovernor(8, cpus=range(8), apply=box.apply, current=lambda: box.threads)
+    box.threads = 8
+    assert gov.decide(3.0) == 5  # floor(5 + 0.5)
+    assert gov.decide(0.0) == 8  # floor(8 + 0.3), at most max_threads
+    assert gov.decide(7.9) == 1  # never below one thread
+    assert box.set == [5, 8, 1]
+
+
+def test_governor_only_for_the_default_count(clean_env):
+    from engine.startup import cpu_governor
+
+    multi = cpu_threads.usable_cores() >= 2
+    assert (cpu_governor() is not None) == multi
+    assert cpu_governor(2) is None  # EngineConfig.num_threads
+    clean_env.setenv("KVSCOPE_NUM_THREADS", "2")
+    assert cpu_governor() is None
+    clean_env.delenv("KVSCOPE_NUM_THREADS")
+    clean_env.setenv("OMP_NUM_THREADS", "2")
+    assert cpu_governor() is None
+    clean_env.delenv("OMP_NUM_THREADS")
+    clean_env.setenv("KVSCOPE_ADAPT_THREADS", "0")
+    assert cpu_governor() is None
+
+
+def test_box_busy_reads_proc_stat():
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    a = cpu_threads.box_busy_s(cpu_threads._affinity())
+    t = time.monotonic()
+    while time.monotonic() - t < 0.3:  # keep one core busy
+        pass
+    b = cpu_threads.box_busy_s(cpu_threads._affinity())
+    assert b - a >= 0.2  # this process's busy loop shows in the box's counters
+    assert cpu_threads.box_busy_s([10**6]) == 0.0  # a CPU not on this box: nothing
+
+
+def test_each_step_of_a_cpu_engine_drives_its_governor(tiny_llama, clean_env):
+    from engine.core import SamplingParams
+    from engine.startup import build_engine
+
+    fixed = build_engine(EngineConfig(model=tiny_llama, num_threads=1, num_kv_blocks=32))
+    assert fixed.core_governor is None  # an explicit count is never adjusted
+    engine = build_engine(EngineConfig(model=tiny_llama, num_kv_blocks=32))
+    if cpu_threads.usable_cores() < 2:
+        assert engine.core_governor is None
+        return
+    calls = []
+
+    class Spy:
+        def tick(self):
+            calls.append("tick")
+
+        def stepped(self):
+            calls.append("stepped")
+
+    engine.core_governor = Spy()
+    engine.add_request(prompt=[1, 2, 3], params=SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    n = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        n += 1
+    assert n >= 3 and calls == ["tick", "stepped"] * n  # around the forward of every step
