@@ -58,21 +58,17 @@ def set_default_wait_policy() -> bool:
 
 
 def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return len(_affinity())
 
 
-def thread_count(num_threads: int | None = None, serving: bool = False) -> int | None:
-    """The torch thread count to set, or None to leave torch's (OMP_NUM_THREADS).
-
-    Raises ValueError for a bad ``KVSCOPE_NUM_THREADS`` or ``num_threads``.
-    """
+def _choose(num_threads: int | None, serving: bool) -> tuple[int | None, str]:
+    """The count and where it came from: "config", "env" (KVSCOPE_NUM_THREADS), "omp"
+    (an exported OMP_NUM_THREADS, left to torch: None), "serve" (SERVE_THREADS) or
+    "default" (every usable core)."""
     if num_threads is not None:
         if not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
-        return num_threads
+        return num_threads, "config"
     env = os.environ.get("KVSCOPE_NUM_THREADS")
     if env:
         try:
@@ -81,22 +77,34 @@ def thread_count(num_threads: int | None = None, serving: bool = False) -> int |
             n = 0
         if n < 1:
             raise ValueError(f"KVSCOPE_NUM_THREADS must be a positive integer, got {env!r}")
-        return n
+        return n, "env"
     if "OMP_NUM_THREADS" in os.environ:
-        return None
+        return None, "omp"
     if serving and SERVE_THREADS is not None:
-        return min(SERVE_THREADS, usable_cores())
-    return usable_cores()
+        return min(SERVE_THREADS, usable_cores()), "serve"
+    return usable_cores(), "default"
 
 
-def governed(num_threads: int | None = None, serving: bool = False) -> bool:
+def thread_count(num_threads: int | None = None, serving: bool = False) -> int | None:
+    """The torch thread count to set, or None to leave torch's (OMP_NUM_THREADS).
+
+    Raises ValueError for a bad ``KVSCOPE_NUM_THREADS`` or ``num_threads``.
+    """
+    return _choose(num_threads, serving)[0]
+
+
+def serving_count() -> int | None:
+    """The count ``kvscope serve`` fixes for itself (``SERVE_THREADS``), or None: serve
+    then takes the engine's default, governed like every other use."""
+    n, source = _choose(None, True)
+    return n if source == "serve" else None
+
+
+def governed(num_threads: int | None = None) -> bool:
     """Whether the thread count is the default's, for a CoreGovernor to adjust (no
     explicit count anywhere, and ``KVSCOPE_ADAPT_THREADS`` is not 0)."""
-    if num_threads is not None or os.environ.get("KVSCOPE_NUM_THREADS") or "OMP_NUM_THREADS" in os.environ:
-        return False
-    if serving and SERVE_THREADS is not None:
-        return False
-    return os.environ.get("KVSCOPE_ADAPT_THREADS", "1") != "0"
+    return (_choose(num_threads, False)[1] == "default"
+            and os.environ.get("KVSCOPE_ADAPT_THREADS", "1") != "0")
 
 
 # ---- the governor -------------------------------------------------------------------
@@ -132,8 +140,8 @@ class CoreGovernor:
     """Fits torch's thread count to the cores other processes leave free.
 
     ``tick()`` runs before each engine step and ``stepped()`` after it, on the thread that
-    runs the steps (torch's
-    count is that thread's). While steps follow one another, it measures over windows
+    runs the steps (torch's count is that thread's). While steps follow one another, it
+    measures over windows
     of ``period_s`` how many cores of ours the rest of the box kept busy: the busy time
     of our CPUs in /proc/stat less this process's own CPU time. Then:
     - down, to ``floor(free + 0.5)`` threads, when that is fewer than now

@@ -163,7 +163,5 @@ def cpu_governor(num_threads: int | None = None):
 
     if not governed(num_threads):
         return None
-    n = thread_count(num_threads)
-    if n is None or n < 2:
-        return None
-    return CoreGovernor(n)
+    n = thread_count(num_threads)  # every usable core: governed means the default
+    return CoreGovernor(n) if n >= 2 else None

@@ -102,10 +102,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         kw = engine_kwargs(args)  # kv_events_config comes in as the JSON text
         kw["kv_events_config"] = KVEventsConfig.coerce(args.kv_events_config)
-        if kw["num_threads"] is None:  # the serving default (it shares the box with the dashboard)
-            from engine.cpu_threads import thread_count
+        if kw["num_threads"] is None:  # serving's own count, if it has one; else the governed default
+            from engine.cpu_threads import serving_count
 
-            kw["num_threads"] = thread_count(serving=True)
+            kw["num_threads"] = serving_count()
         cfg = EngineConfig(**kw, max_waiting=args.max_queue)
         opts = ServerOptions(cfg, host=args.host, port=args.port, db=args.db, record=args.record,
                              label=args.label, allow_remote=args.allow_remote,

@@ -181,6 +181,16 @@ def test_governor_only_for_the_default_count(clean_env):
     assert cpu_governor() is None
 
 
+def test_serve_fixes_no_count_of_its_own_unless_serve_threads_says(clean_env):
+    # kvscope serve puts serving_count() into EngineConfig.num_threads: None leaves the
+    # engine its default count, governed as offline
+    assert cpu_threads.serving_count() is None
+    clean_env.setattr(cpu_threads, "SERVE_THREADS", 1)
+    assert cpu_threads.serving_count() == 1
+    clean_env.setenv("KVSCOPE_NUM_THREADS", "2")
+    assert cpu_threads.serving_count() is None  # the environment's count: build_engine reads it
+
+
 def test_box_busy_reads_proc_stat():
     if not os.path.exists("/proc/stat"):
         pytest.skip("no /proc/stat")
