@@ -36,6 +36,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fcfs = vLLM's arrival order; fair = each client's k-th request before "
                    "anyone's (k+1)-th, preempting the client holding the most sequences when "
                    "another cannot get a seat (serve's default; with one client it is fcfs)")
+    g.add_argument("--fair-ratio", type=int, default=0, metavar="R",
+                   help="fair only: no client takes more than R times the sequences (and tokens) "
+                   "of a step that the lightest client at work could use, so a heavy client "
+                   "cannot set a light one's pace (0 = off; serve's default: 2)")
     g.add_argument("--device", default="auto")
     g.add_argument("--dtype", default="auto",
                    help="auto, float32, bfloat16 (on the CPU: bf16 weights, float32 compute), float16")

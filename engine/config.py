@@ -47,6 +47,10 @@ class EngineConfig:
     n_sharing: str = "cow"
     # the order requests are served in: "fcfs" (vLLM's) or "fair" (per client; serve's default)
     scheduling_policy: str = "fcfs"
+    # "fair" only: a client's share of a step is at most this many times what the lightest
+    # client at work could use (0 = off; serve's default is engine.server.commands'
+    # FAIR_RATIO); engine.core.fair_share.StepShares
+    fair_ratio: int = 0
     kv_events_config: KVEventsConfig | None = None  # vLLM-format KV cache events (engine.kv_events)
 
     def __post_init__(self) -> None:
@@ -73,6 +77,8 @@ class EngineConfig:
         check_block_size(self.block_size)
         check_n_sharing(self.n_sharing)
         check_scheduling_policy(self.scheduling_policy)
+        if not isinstance(self.fair_ratio, int) or isinstance(self.fair_ratio, bool) or self.fair_ratio < 0:
+            raise ConfigError(f"fair_ratio must be an integer >= 0 (0 = off), got {self.fair_ratio!r}")
         self._check_kv_events()
 
     def _check_kv_events(self) -> None:

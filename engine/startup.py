@@ -122,7 +122,7 @@ def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events
                             enable_chunked_prefill=cfg.enable_chunked_prefill,
                             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                             max_waiting=cfg.max_waiting, n_sharing=cfg.n_sharing,
-                            policy=cfg.scheduling_policy)
+                            policy=cfg.scheduling_policy, fair_ratio=cfg.fair_ratio)
     per_block = spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
     if cfg.num_kv_blocks is not None:
         num_blocks, source = cfg.num_kv_blocks, "num_kv_blocks"

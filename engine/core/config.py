@@ -66,6 +66,9 @@ class SchedulerConfig:
     ``max_waiting`` bounds the waiting queue (0 = unbounded).
     ``n_sharing`` is how ``n > 1`` samples share blocks (``N_SHARING_MODES``).
     ``policy`` is the order requests are served in (``SCHEDULING_POLICIES``).
+    ``fair_ratio`` (0 = off; "fair" only): no client's share of a step is more than this
+    many times what the lightest client at work could use of it
+    (``engine.core.fair_share.StepShares``).
     """
 
     max_model_len: int = 2048
@@ -76,6 +79,7 @@ class SchedulerConfig:
     max_waiting: int = 0
     n_sharing: str = "cow"
     policy: str = "fcfs"
+    fair_ratio: int = 0
 
     def __post_init__(self) -> None:
         check_n_sharing(self.n_sharing)
@@ -84,7 +88,7 @@ class SchedulerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        for name in ("long_prefill_token_threshold", "max_waiting"):
+        for name in ("long_prefill_token_threshold", "max_waiting", "fair_ratio"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an integer >= 0 (0 = off), got {v!r}")

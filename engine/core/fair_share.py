@@ -37,28 +37,58 @@ def fair_order(reqs: Sequence[Request], held: dict[str, int] | None = None) -> l
     return [r for _, _, r in keyed]
 
 
+# Under "fair" a client's share of a step is never below this many tokens, however light
+# the lightest client is: a prompt chunk of one block costs a CPU step little more than one
+# decode token (the weights are read once either way), and prefills must progress.
+MIN_CHUNK_TOKENS = 16
+
+
+def client_demands(reqs: Iterable[Request]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per client: how many of ``reqs`` it has, and how many tokens they have left to
+    compute (what it could use of a step, if the step were its alone)."""
+    seqs: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    for r in reqs:
+        seqs[r.client] = seqs.get(r.client, 0) + 1
+        tokens[r.client] = tokens.get(r.client, 0) + r.num_tokens - r.num_computed_tokens
+    return seqs, tokens
+
+
 @dataclass(slots=True)
 class StepShares:
     """What each client may still take of the step being scheduled: an equal part of
     the token budget and of ``max_num_seqs`` per client at work. What a client leaves
     unused is not handed to the others: the step is then smaller, so quicker for every
     client in it, rather than one client's burst making everyone else's next token
-    wait for a full step."""
+    wait for a full step.
+
+    With ``ratio`` > 0 a share is also at most ``ratio`` times what the lightest client
+    at work could use of the step (its sequences; its tokens left, at least
+    ``MIN_CHUNK_TOKENS``). Every request in a step waits for the whole step, and on a CPU
+    a step's time grows with its sequences and tokens, so an equal part of a large
+    budget still lets a heavy client set a light client's pace: 16 seats of a flood
+    beside one chat request make each of its tokens several times slower. Bounding the
+    ratio bounds that slowdown; the heavy client's requests still all advance, each on
+    fewer of the steps (round-robin), and with one client, or only heavy ones, nothing
+    changes."""
 
     tokens: dict[str, int]
     seqs: dict[str, int]
 
     @classmethod
     def split(cls, running: Iterable[Request], waiting: Iterable[Request], budget: int,
-              max_num_seqs: int) -> StepShares | None:
+              max_num_seqs: int, ratio: int = 0) -> StepShares | None:
         """The shares of a step with these requests; None with fewer than two clients
         at work (one budget, and "fair" is "fcfs")."""
-        clients = {r.client for r in running}
-        clients.update(r.client for r in waiting)
-        if len(clients) < 2:
+        seqs, tokens = client_demands([*running, *waiting])
+        k = len(seqs)
+        if k < 2:
             return None
-        return cls(dict.fromkeys(clients, max(1, budget // len(clients))),
-                   dict.fromkeys(clients, max(1, max_num_seqs // len(clients))))
+        tok_share, seq_share = max(1, budget // k), max(1, max_num_seqs // k)
+        if ratio > 0:
+            tok_share = min(tok_share, ratio * max(min(tokens.values()), MIN_CHUNK_TOKENS))
+            seq_share = min(seq_share, ratio * min(seqs.values()))
+        return cls(dict.fromkeys(seqs, tok_share), dict.fromkeys(seqs, seq_share))
 
     def open(self, client: str) -> bool:
         return self.tokens[client] > 0 and self.seqs[client] > 0

@@ -148,7 +148,8 @@ class Scheduler:
 
         fair = self.config.policy == "fair"
         rebalanced = self._rebalance(budget) if fair else []
-        shares = StepShares.split(self.running, self.waiting, budget, self.config.max_num_seqs) if fair else None
+        shares = StepShares.split(self.running, self.waiting, budget, self.config.max_num_seqs,
+                                  self.config.fair_ratio) if fair else None
         order = fair_order(self.running) if fair else list(self.running)
         i = 0
         while i < len(order) and budget > 0:

@@ -127,7 +127,8 @@ KV_BUDGET = Behaviour(
 FAIR_SHARES = Behaviour(
     "fair_shares", KVSCOPE,
     "kvscope serve's default scheduling_policy='fair': with several clients at work each "
-    "gets an equal part of a step's tokens and sequences, and preemption takes the newest "
+    "gets an equal part of a step's tokens and sequences (with serve's fair_ratio=2, at most "
+    "twice what the lightest client at work could use), and preemption takes the newest "
     "request of the client holding the most; with one client it is FCFS. vLLM schedules "
     "fcfs or by request priority.")
 MISS_CAUSE_SPLIT = Behaviour(

@@ -16,6 +16,10 @@ from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT
 from engine.server.frame_rate import BYTES_PER_S, FRAME_BURST, FRAMES_PER_S
 from engine.server.security import TOKEN_ENV
 
+# serve's --fair-ratio: a heavy client takes at most twice the lightest client's part of a
+# step (bench/RESULTS.md, "Soak": the ratio against good clients' p99 and what a flood got done)
+FAIR_RATIO = 2
+
 
 def add_allowed_host_arg(g) -> None:
     """``--allowed-host`` (serve and attach): Host names answered besides loopback ones."""
@@ -35,7 +39,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                                    "/v1/completions, /v1/chat/completions), /healthz and "
                                    "/metrics on the same port.")
     add_engine_args(p)
-    p.set_defaults(scheduling_policy="fair")  # a server is shared: no client starves another
+    # A server is shared: no client starves another, nor sets another's pace.
+    p.set_defaults(scheduling_policy="fair", fair_ratio=FAIR_RATIO)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
                    help=f"bind address; anything but loopback needs --allow-remote and {TOKEN_ENV}")

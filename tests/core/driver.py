@@ -8,11 +8,13 @@ from engine.core import (
 
 
 def make_scheduler(block_size=4, num_blocks=16, max_model_len=64, budget=64, max_num_seqs=8,
-                   chunked=True, prefix=True, threshold=0, n_sharing="cow", policy="fcfs") -> Scheduler:
+                   chunked=True, prefix=True, threshold=0, n_sharing="cow", policy="fcfs",
+                   fair_ratio=0) -> Scheduler:
     return Scheduler(
         SchedulerConfig(max_model_len=max_model_len, max_num_batched_tokens=budget,
                         max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked,
-                        long_prefill_token_threshold=threshold, n_sharing=n_sharing, policy=policy),
+                        long_prefill_token_threshold=threshold, n_sharing=n_sharing, policy=policy,
+                        fair_ratio=fair_ratio),
         CacheConfig(block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=prefix),
     )
 

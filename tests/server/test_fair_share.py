@@ -45,12 +45,40 @@ def test_a_second_client_is_not_starved_by_one_holding_every_seat(make_server, d
         assert preempted[0] == "hog-3"  # the newest runner of the client holding every seat
 
 
+@pytest.mark.parametrize("ratio", [0, 2])
+def test_a_heavy_client_takes_at_most_ratio_times_a_light_clients_part_of_each_step(
+        make_server, db_path, ratio):
+    """Connection A runs 8 long requests; B's one short request then shares every step
+    with at most `ratio` of A's (without the bound, with an equal half of 8 seats: 4)."""
+    server = make_server(engine={"max_num_seqs": 8, "num_kv_blocks": 256, "max_model_len": 256,
+                                 "scheduling_policy": "fair", "fair_ratio": ratio})
+    with KVScopeClient(server.url, timeout=60) as a, KVScopeClient(server.url, timeout=60) as b:
+        hog = [a.submit(f"hog prompt {i}", request_id=f"hog-{i}", params=LONG) for i in range(8)]
+        for rid in hog:  # every one of A's has a token: all 8 hold seats and decode
+            assert next(iter(a.stream(rid))).type == "output"
+        fin = list(b.stream(b.submit("short question", request_id="short", params=SHORT)))[-1]
+        assert fin.type == "finished" and len(fin.outputs[0]["token_ids"]) == 3
+        a.abort_all()
+    run_id = server.health.run_id
+    server.stop()
+    beside = [sum(1 for e in s.events if e.type == "request_scheduled" and e.request_id.startswith("hog"))
+              for s in RunStore(db_path).load_steps(run_id)
+              if any(e.type == "request_scheduled" and e.request_id == "short" for e in s.events)]
+    assert len(beside) == 3  # one prefill step with the sample, then two decodes
+    assert beside == [ratio or 4] * 3
+
+
 def test_serve_defaults_to_fair_and_the_library_to_fcfs():
     from engine.config import EngineConfig
+    from engine.server.commands import FAIR_RATIO
 
     assert EngineConfig().scheduling_policy == "fcfs"
+    assert EngineConfig().fair_ratio == 0
     args = build_parser().parse_args(["serve"])
     assert args.scheduling_policy == "fair"
+    assert args.fair_ratio == FAIR_RATIO == 2
+    assert build_parser().parse_args(["serve", "--fair-ratio", "0"]).fair_ratio == 0
+    assert build_parser().parse_args(["generate", "x"]).fair_ratio == 0
     args = build_parser().parse_args(["serve", "--scheduling-policy", "fcfs"])
     assert args.scheduling_policy == "fcfs"
     assert build_parser().parse_args(["generate", "x"]).scheduling_policy == "fcfs"
