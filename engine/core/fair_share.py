@@ -9,7 +9,8 @@ them; preemption to rebalance seats stays there, since it touches the pool.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from engine.core.request import Request
@@ -23,18 +24,36 @@ def client_counts(reqs: Iterable[Request]) -> dict[str, int]:
     return counts
 
 
-def fair_order(reqs: Sequence[Request], held: dict[str, int] | None = None) -> list[Request]:
-    """``reqs`` round-robin across clients: by (place among its client's requests,
-    counting from ``held[client]``; place in ``reqs``). ``held``: what each client
-    already has elsewhere (its running requests, when ordering the waiting ones)."""
+def _keyed(reqs: Sequence[Request], held: dict[str, int] | None) -> list[tuple[int, int, Request]]:
+    """(place among its client's requests counting from ``held[client]``, place in
+    ``reqs``, request); the places in ``reqs`` are distinct, so tuples never compare
+    requests."""
     seen = dict(held or {})
     keyed = []
     for pos, r in enumerate(reqs):
         k = seen.get(r.client, 0)
         seen[r.client] = k + 1
         keyed.append((k, pos, r))
-    keyed.sort(key=lambda t: (t[0], t[1]))
+    return keyed
+
+
+def fair_order(reqs: Sequence[Request], held: dict[str, int] | None = None) -> list[Request]:
+    """``reqs`` round-robin across clients: by (place among its client's requests,
+    counting from ``held[client]``; place in ``reqs``). ``held``: what each client
+    already has elsewhere (its running requests, when ordering the waiting ones)."""
+    keyed = _keyed(reqs, held)
+    keyed.sort()
     return [r for _, _, r in keyed]
+
+
+def fair_iter(reqs: Sequence[Request], held: dict[str, int] | None = None) -> Iterator[Request]:
+    """``fair_order(reqs, held)``, lazily: admission usually stops after a few of a long
+    waiting queue, so a heap (O(n) to build, O(log n) a pop) beats sorting it all every
+    step. Iterates over a copy: the caller may remove from ``reqs`` as it goes."""
+    keyed = _keyed(reqs, held)
+    heapq.heapify(keyed)
+    while keyed:
+        yield heapq.heappop(keyed)[2]
 
 
 # Under "fair" a client's share of a step is never below this many tokens, however light
@@ -49,9 +68,28 @@ def client_demands(reqs: Iterable[Request]) -> tuple[dict[str, int], dict[str, i
     seqs: dict[str, int] = {}
     tokens: dict[str, int] = {}
     for r in reqs:
-        seqs[r.client] = seqs.get(r.client, 0) + 1
-        tokens[r.client] = tokens.get(r.client, 0) + r.num_tokens - r.num_computed_tokens
+        c = r.client
+        seqs[c] = seqs.get(c, 0) + 1
+        tokens[c] = tokens.get(c, 0) + len(r.token_ids) - r.num_computed_tokens
     return seqs, tokens
+
+
+def fair_first(reqs: Sequence[Request], held: dict[str, int]) -> Request:
+    """``fair_order(reqs, held)[0]`` without sorting them all: the first request of the
+    client holding fewest (``held`` plus its earlier requests in ``reqs`` never come
+    first), the earliest in ``reqs`` on a tie."""
+    best, best_key = None, None
+    seen: set[str] = set()
+    for pos, r in enumerate(reqs):
+        if r.client in seen:
+            continue  # a client's later requests rank after its first
+        seen.add(r.client)
+        key = (held.get(r.client, 0), pos)
+        if best_key is None or key < best_key:
+            best, best_key = r, key
+    if best is None:
+        raise ValueError("no requests")
+    return best
 
 
 @dataclass(slots=True)

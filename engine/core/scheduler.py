@@ -27,12 +27,13 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
+from collections.abc import Iterator
 
 from engine.core.config import CacheConfig, SchedulerConfig, check_capacity
 from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
 from engine.core.errors import EmptyPromptError, PromptTooLongError, QueueFullError
 from engine.core.event_log import EventLog
-from engine.core.fair_share import StepShares, client_counts, fair_order
+from engine.core.fair_share import StepShares, client_counts, fair_first, fair_iter, fair_order
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.model_runner_output import ModelRunnerOutput
 from engine.core.parallel_sampling import fan_out
@@ -176,10 +177,13 @@ class Scheduler:
                     shares.spend(req.client, n)
                 i += 1
 
+        waiting_clients = {r.client for r in self.waiting} if shares is not None else ()
         for req in self._waiting_order() if fair else self._fcfs_heads():
             if preempted or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             if shares is not None and not shares.open(req.client):
+                if not any(map(shares.open, waiting_clients)):
+                    break  # every waiting client's share is spent: the rest would all be skipped
                 continue  # its client's share is spent; another client's may not be
             room = budget if shares is None else min(budget, shares.tokens[req.client])
             match = self.kv.lookup(req)
@@ -241,10 +245,11 @@ class Scheduler:
             if self.waiting and self.waiting[0] is head:
                 return  # not admitted: FCFS waits at the head
 
-    def _waiting_order(self) -> list[Request]:
+    def _waiting_order(self) -> Iterator[Request]:
         """Under "fair": each waiting request ranked after what its client already runs,
-        so the client running fewest sequences is admitted first."""
-        return fair_order(self.waiting, client_counts(self.running))
+        so the client running fewest sequences is admitted first (lazily: admission
+        stops early, the queue may be long)."""
+        return fair_iter(self.waiting, client_counts(self.running))
 
     def _rebalance(self, budget: int) -> list[str]:
         """Under "fair": while the next waiting request cannot get a seat (``max_num_seqs``)
@@ -257,7 +262,7 @@ class Scheduler:
         preempted: list[str] = []
         while self.waiting and self.running:
             held = client_counts(self.running)
-            cand = fair_order(self.waiting, held)[0]
+            cand = fair_first(self.waiting, held)
             cand_rank = held.get(cand.client, 0)
             victim = max(self.running, key=lambda r: (held[r.client], r.sort_key))
             if held[victim.client] - 1 <= cand_rank:
@@ -351,7 +356,7 @@ class Scheduler:
 
     def pool_summary(self) -> PoolSummary:
         """The counts per-step metrics need; far cheaper than ``snapshot()``."""
-        return summarize_pool(self.step, self.kv, self.requests.values())
+        return summarize_pool(self.step, self.kv, self.running, self.waiting)
 
     def snapshot(self, tokens: bool = True) -> PoolSnapshot:
         """The engine's true pool and request state (the protocol's snapshot shape)."""

@@ -34,12 +34,15 @@ def build_snapshot(step: int, kv: KVCacheManager, requests: Iterable[Request],
         [b.token_ids if tokens else None for b in blocks], kv.pool.free_queue.ids(), views)
 
 
-def summarize_pool(step: int, kv: KVCacheManager, requests: Iterable[Request]) -> PoolSummary:
-    """The summary of the live state: O(table entries of ``requests``), not O(pool)."""
-    requests = list(requests)
+def summarize_pool(step: int, kv: KVCacheManager, running: Iterable[Request],
+                   waiting: Iterable[Request]) -> PoolSummary:
+    """The summary of the live state: O(table entries of ``running``), not O(pool).
+    Only running requests hold blocks (admission allocates, preemption frees them all),
+    so a long waiting queue costs a status count, not a table walk."""
+    running = list(running)
     empty: tuple = ()
     return PoolSummary.from_tables(
         step, kv.block_size, len(kv.pool.blocks), kv.pool.num_free, kv.pool.num_cached_free,
         [([b.id for b in kv.tables.get(r.request_id, empty)], r.num_computed_tokens)
-         for r in requests],
-        [r.status for r in requests])
+         for r in running],
+        [*(r.status for r in running), *(r.status for r in waiting)])
