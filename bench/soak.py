@@ -19,7 +19,9 @@ It reports requests served, the server's RSS (start of the mix, peak, end), the 
 clients' p50/p99 latency quiet vs mixed (as they measured it, and as the server
 recorded it), the recorder's backlog (peak, from
 /metrics), rows recorded against requests served (SQLite, after the server stops),
-the mix's step gaps over 80 ms (while requests ran, or after the engine went idle),
+the mix's step gaps over 80 ms (while requests ran, or after the engine went idle), the
+steps the slowest 1% of good requests lived in against the median's (how long, how many
+sequences and tokens: ``bench.soak_report``),
 the box's load average over the run, and whether the goals hold: RSS growth within
 100 MB, mixed p99 within 2x quiet, 100% of served requests recorded. Everything
 stops by itself at the deadline.
@@ -32,7 +34,6 @@ import json
 import multiprocessing
 import os
 import re
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -40,31 +41,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
 
-GREEDY = {"temperature": 0.0, "max_tokens": 16, "ignore_eos": True}
+from bench.soak_clients import HOSTILE, Tally, good_client, hostile_clients
+from bench.soak_report import quantile, slowest_requests, step_gaps
+
 RSS_GOAL_MB = 100
 P99_GOAL = 2.0
-GAP_S = 0.08  # step gaps longer than this are reported (quiet steps of the tiny model: 2-5 ms)
-
-
-@dataclass
-class Tally:
-    """What every client thread adds to (under one lock)."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    accepted: set[str] = field(default_factory=set)  # every request id any client got accepted
-    good_latency: dict[str, list[float]] = field(default_factory=lambda: {"quiet": [], "mixed": []})
-    good_failures: list[str] = field(default_factory=list)
-    hostile_ops: int = 0
-    hostile_errors: dict[str, int] = field(default_factory=dict)
-    closes: int = 0
-
-    def error(self, code: str) -> None:
-        with self.lock:
-            self.hostile_errors[code] = self.hostile_errors.get(code, 0) + 1
 
 
 def _rss_mb(pid: int) -> float:
@@ -85,171 +68,6 @@ def _metric(port: int, name: str) -> float | None:
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.split()[-1])
     return None
-
-
-def _step_gaps(conn: sqlite3.Connection, mix_wall: float, over_s: float = GAP_S) -> dict:
-    """Gaps between consecutive recorded steps of the mix longer than ``over_s``: while
-    requests ran in the step before (a stall every running request saw) or after the
-    engine had gone idle (waiting for the next request: time on the clients' side)."""
-    rows = [(ts, json.loads(m).get("num_requests_running", 0)) for ts, m in
-            conn.execute("select ts, metrics from steps where ts >= ? order by seq", (mix_wall,))]
-    running, idle = [], []
-    for (t0, before), (t1, _) in zip(rows, rows[1:]):
-        if t1 - t0 > over_s:
-            (running if before else idle).append(t1 - t0)
-    return {"over_s": over_s, "while_running": len(running), "after_idle": len(idle),
-            "max_while_running_s": round(max(running, default=0.0), 3),
-            "max_after_idle_s": round(max(idle, default=0.0), 3)}
-
-
-def _p(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
-# ---- clients ---------------------------------------------------------------------------
-
-
-def good_client(url: str, tally: Tally, phase: list[str], stop: threading.Event, k: int) -> None:
-    from engine.client import KVScopeClient
-
-    i = 0
-    with KVScopeClient(url, timeout=120) as c:
-        while not stop.is_set():
-            i += 1
-            rid = f"good{k}-{i}"
-            t0 = time.monotonic()
-            try:
-                fin = c.generate(f"good client {k} asks question {i % 50}", params=GREEDY, request_id=rid)
-            except Exception as exc:  # counted, never fatal: the soak reports it
-                with tally.lock:
-                    tally.good_failures.append(f"{rid}: {exc}")
-                continue
-            dt = time.monotonic() - t0
-            with tally.lock:
-                tally.accepted.add(rid)
-                if fin.outputs[0]["finish_reason"] != "length":
-                    tally.good_failures.append(f"{rid}: {fin.outputs[0]['finish_reason']}")
-                tally.good_latency[phase[0]].append(dt)
-
-
-def _raw(url: str, rcvbuf: int | None = None):
-    from engine.client.connect import ws_connect
-
-    sock = None
-    if rcvbuf is not None:
-        u = urllib.parse.urlsplit(url)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        sock.connect((u.hostname, u.port))
-    return ws_connect(url, sock=sock, compression=None, max_size=None, close_timeout=1,
-                      open_timeout=30, max_queue=1 if rcvbuf else 16)
-
-
-def _drain_codes(ws, tally: Tally, until_rid: str | None = None, timeout: float = 30.0) -> None:
-    """Read a connection's messages, counting error codes, until ``until_rid`` is answered."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            m = json.loads(ws.recv(timeout=max(0.05, deadline - time.monotonic())))
-        except TimeoutError:
-            return
-        if m["type"] == "error":
-            tally.error(m["code"])
-        elif m["type"] == "accepted":
-            with tally.lock:
-                tally.accepted.add(m["request_id"])
-        if until_rid is not None and m.get("request_id") == until_rid and m["type"] in ("error", "finished"):
-            return
-
-
-def stalled_reader(url: str, tally: Tally, stop: threading.Event) -> None:
-    """Never reads; asks for 100 snapshots and floods pings until the server closes it."""
-    while not stop.is_set():
-        try:
-            ws = _raw(url, rcvbuf=4096)
-            for _ in range(100):
-                ws.send('{"type":"snapshot"}')
-            for _ in range(20_000):
-                if stop.is_set():
-                    break
-                ws.send('{"type":"ping"}')
-            with tally.lock:
-                tally.hostile_ops += 20_100
-            stop.wait(5)
-            ws.close()
-        except Exception:  # closed by the server (slow_client): what it is for
-            with tally.lock:
-                tally.closes += 1
-            stop.wait(1)
-
-
-BAD_FRAMES = [
-    "not json", "[" * 50_000 + "]" * 50_000, '{"type":"frobnicate"}', "[1,2]",
-    '{"type":"submit","prompt":"hi","params":{"temperature":1,"seed":18446744073709551616,"max_tokens":4}}',
-    json.dumps({"type": "submit", "prompt": "hi", "params": {"temperature": 1, "top_k": 2**63}}),
-    json.dumps({"type": "submit", "prompt": "hi", "params": {"stop": {"a": 1}}}),
-    json.dumps({"type": "submit", "messages": [{"role": "robot", "content": "x"}]}),
-    json.dumps({"type": "submit", "prompt": "x" * 900_000}),
-    json.dumps({"type": "submit", "prompt": [1, 10**9]}),
-    json.dumps({"type": "restart", "engine": {"num_kv_blocks": None}}),
-    json.dumps({"type": "abort", "request_id": "not-mine"}),
-    json.dumps({"type": "submit", "prompt": "hi", "request_id": "x\ud800"}),
-]
-
-
-def bad_framer(url: str, tally: Tally, stop: threading.Event) -> None:
-    """Every malformed or out-of-range frame, in turn, reading each answer."""
-    i = 0
-    while not stop.is_set():
-        try:
-            with _raw(url) as ws:
-                for _ in range(50):
-                    if stop.is_set():
-                        break
-                    ws.send(BAD_FRAMES[i % len(BAD_FRAMES)])
-                    i += 1
-                    _drain_codes(ws, tally, timeout=0.5)
-                    with tally.lock:
-                        tally.hostile_ops += 1
-        except Exception:
-            stop.wait(1)
-
-
-def flooder(url: str, tally: Tally, stop: threading.Event, k: int) -> None:
-    """Submits up to (and past) the in-flight cap, then vanishes: its requests are aborted."""
-    n = 0
-    while not stop.is_set():
-        try:
-            ws = _raw(url)
-            for j in range(80):
-                n += 1
-                ws.send(json.dumps({"type": "submit", "prompt": f"flood {k} {j} " * 8,
-                                    "params": {"temperature": 0.8, "max_tokens": 32, "seed": n},
-                                    "request_id": f"flood{k}-{n}"}))
-            _drain_codes(ws, tally, timeout=0.5)
-            with tally.lock:
-                tally.hostile_ops += 80
-            ws.close()
-        except Exception:
-            pass
-        stop.wait(3)
-
-
-def churner(url: str, tally: Tally, stop: threading.Event) -> None:
-    """Connects, reads hello and snapshot, leaves; over and over."""
-    while not stop.is_set():
-        try:
-            with _raw(url) as ws:
-                ws.recv(timeout=10)
-                ws.recv(timeout=10)
-        except Exception:
-            pass
-        with tally.lock:
-            tally.hostile_ops += 1
-        stop.wait(0.2)
 
 
 # ---- the run -----------------------------------------------------------------------------
@@ -279,28 +97,6 @@ def _start_server(model: str, db: str, extra: list[str], probe: str | None = Non
         time.sleep(0.5)
     proc.kill()
     raise RuntimeError("the server did not become ready")
-
-
-HOSTILE = ("stalled", "bad", "flood", "churn")
-_KINDS = {"stalled": [(stalled_reader, ())], "bad": [(bad_framer, ())],
-          "flood": [(flooder, (0,)), (flooder, (1,))], "churn": [(churner, ())]}
-
-
-def hostile_clients(url: str, kinds: tuple[str, ...], seconds: float, out: str) -> None:
-    """The hostile clients for ``seconds`` (a process of their own); what they saw goes
-    to ``out`` as JSON for the run's report."""
-    tally, stop = Tally(), threading.Event()
-    threads = [threading.Thread(target=fn, args=(url, tally, stop, *a), daemon=True)
-               for kind in kinds for fn, a in _KINDS[kind]]
-    for t in threads:
-        t.start()
-    stop.wait(max(0.0, seconds))
-    stop.set()
-    for t in threads:
-        t.join(60)
-    with tally.lock, open(out, "w") as f:
-        json.dump({"accepted": sorted(tally.accepted), "hostile_ops": tally.hostile_ops,
-                   "hostile_errors": tally.hostile_errors, "closes": tally.closes}, f)
 
 
 def run(minutes: float, model: str, good: int, extra: list[str], probe: str | None = None,
@@ -357,7 +153,8 @@ def run(minutes: float, model: str, good: int, extra: list[str], probe: str | No
     proc.terminate()
     proc.wait(60)
     with sqlite3.connect(db) as conn:
-        gaps = _step_gaps(conn, mix_wall)
+        gaps = step_gaps(conn, mix_wall)
+        slowest = slowest_requests(conn, mix_wall)
         recorded = {r[0] for r in conn.execute("select request_id from requests")}
         finish = dict(conn.execute("select request_id, outputs from requests"))
         timings = {r: json.loads(t) for r, t in
@@ -380,16 +177,18 @@ def run(minutes: float, model: str, good: int, extra: list[str], probe: str | No
                    "after_1min": round(rss[11], 1) if len(rss) > 12 else None,
                    "growth_after_1min": round(rss_end - rss[11], 1) if len(rss) > 12 else None,
                    "series": [round(r) for r in rss[::6]]},
-        "latency_s": {"quiet_p50": _p(q, 0.5), "quiet_p99": _p(q, 0.99),
-                      "mixed_p50": _p(mx, 0.5), "mixed_p99": _p(mx, 0.99)},
+        "latency_s": {"quiet_p50": quantile(q, 0.5), "quiet_p99": quantile(q, 0.99),
+                      "mixed_p50": quantile(mx, 0.5), "mixed_p99": quantile(mx, 0.99)},
         # the same requests as the server recorded them (arrival to finish, no client side)
         "server_e2e_s": {
-            f"{ph}_{q}": _p([t["e2e"] for t in timings.values()
+            f"{ph}_{q}": quantile([t["e2e"] for t in timings.values()
                              if (t["arrival_time"] >= mix_wall) == (ph == "mixed")], qv)
             for ph in ("quiet", "mixed") for q, qv in (("p50", 0.5), ("p99", 0.99))},
         "recorder_backlog_steps": {"peak": max(backlog, default=None),
                                    "mean": statistics.mean(backlog) if backlog else None},
         "step_gaps": gaps,
+        # the steps the mix's slowest 1% of good requests lived in, against the median's
+        "slowest_good": slowest,
         "rows_recorded": len(recorded & tally.accepted), "good_rows_finished_length": good_ok,
         "load_avg_1m": {"mean": round(statistics.mean(loads), 2), "max": round(max(loads), 2)},
     }
