@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from engine.core.config import check_block_size, check_n_sharing, check_scheduling_policy
+from engine.core.config import (
+    check_block_size, check_fair_ratio, check_n_sharing, check_scheduling_policy,
+)
 from engine.core.errors import ConfigError
 from engine.kv_events.config import KVEventsConfig
 
@@ -77,8 +79,7 @@ class EngineConfig:
         check_block_size(self.block_size)
         check_n_sharing(self.n_sharing)
         check_scheduling_policy(self.scheduling_policy)
-        if not isinstance(self.fair_ratio, int) or isinstance(self.fair_ratio, bool) or self.fair_ratio < 0:
-            raise ConfigError(f"fair_ratio must be an integer >= 0 (0 = off), got {self.fair_ratio!r}")
+        check_fair_ratio(self.fair_ratio)
         self._check_kv_events()
 
     def _check_kv_events(self) -> None:

@@ -141,9 +141,8 @@ class CoreGovernor:
 
     ``tick()`` runs before each engine step and ``stepped()`` after it, on the thread that
     runs the steps (torch's count is that thread's). While steps follow one another, it
-    measures over windows
-    of ``period_s`` how many cores of ours the rest of the box kept busy: the busy time
-    of our CPUs in /proc/stat less this process's own CPU time. Then:
+    measures over windows of ``period_s`` how many cores of ours the rest of the box kept
+    busy: the busy time of our CPUs in /proc/stat less this process's own CPU time. Then:
     - down, to ``floor(free + 0.5)`` threads, when that is fewer than now
       (``free`` = cores - others; on 2 cores: another job using over half a core);
     - up, to ``floor(free + 0.3)`` (at most ``max_threads``), when that is more

@@ -88,7 +88,8 @@ class SchedulerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        for name in ("long_prefill_token_threshold", "max_waiting", "fair_ratio"):
+        check_fair_ratio(self.fair_ratio)
+        for name in ("long_prefill_token_threshold", "max_waiting"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{name} must be an integer >= 0 (0 = off), got {v!r}")
@@ -113,6 +114,12 @@ def check_scheduling_policy(policy) -> None:
     if policy not in SCHEDULING_POLICIES:
         raise ConfigError(f"scheduling_policy must be one of {', '.join(map(repr, SCHEDULING_POLICIES))}, "
                           f"got {policy!r}")
+
+
+def check_fair_ratio(ratio) -> None:
+    """Raise ConfigError unless ``ratio`` (``fair_ratio``) is an integer >= 0 (0 = off)."""
+    if not isinstance(ratio, int) or isinstance(ratio, bool) or ratio < 0:
+        raise ConfigError(f"fair_ratio must be an integer >= 0 (0 = off), got {ratio!r}")
 
 
 def check_capacity(cache: CacheConfig, sched: SchedulerConfig) -> None:

@@ -70,7 +70,7 @@ def client_demands(reqs: Iterable[Request]) -> tuple[dict[str, int], dict[str, i
     for r in reqs:
         c = r.client
         seqs[c] = seqs.get(c, 0) + 1
-        tokens[c] = tokens.get(c, 0) + len(r.token_ids) - r.num_computed_tokens
+        tokens[c] = tokens.get(c, 0) + r.num_tokens - r.num_computed_tokens
     return seqs, tokens
 
 
