@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.events.json_text import compact
 from engine.events.legacy import upgrade_events
 from engine.events.types import Event, event_from_dict
 
@@ -26,6 +27,8 @@ class StepRecord:
     ts: float
     events: list[Event] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    # (events, metrics) as JSON text, written by the first reader that asks (json_parts)
+    _json: tuple[str, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq, int) or self.seq < 0:
@@ -59,8 +62,23 @@ class StepRecord:
             metrics=dict(d.get("metrics") or {}),
         )
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"))
+    def json_parts(self) -> tuple[str, str]:
+        """(events, metrics) as compact JSON text (``engine.events.json_text``), written
+        once and shared by every reader: the step frame every watcher gets and the
+        recorder's row. A record is not changed after it is published (its writer is the
+        engine, before it publishes); a redacted copy is a new record."""
+        parts = self._json
+        if parts is None:
+            events = "[" + ",".join(e.to_json() for e in self.events) + "]"
+            parts = self._json = (events, compact(self.metrics))
+        return parts
+
+    def to_json(self, head: str = "{") -> str:
+        """``to_dict()`` as compact JSON text (``head`` opens the object: a message
+        puts its type there)."""
+        events, metrics = self.json_parts()
+        return (f'{head}"seq":{compact(self.seq)},"step":{compact(self.step)},'
+                f'"ts":{compact(self.ts)},"events":{events},"metrics":{metrics}}}')
 
     @classmethod
     def from_json(cls, text: str) -> StepRecord:

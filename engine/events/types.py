@@ -76,6 +76,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from engine.events.json_text import compact, compact_bytes
+
 PROTOCOL_VERSION = 2
 
 
@@ -101,14 +103,35 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         d = {"type": self.type}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
+        for name in _field_names(type(self)):
+            v = getattr(self, name)
             if isinstance(v, tuple):
                 v = list(v)
             elif isinstance(v, enum.Enum):
                 v = v.value  # a plain string on the wire
-            d[f.name] = v
+            d[name] = v
         return d
+
+    def to_json(self) -> str:
+        """``json_text.compact(self.to_dict())``, written without the dict: msgspec writes
+        a dataclass's fields in order, tuples as arrays and enums as their values, as
+        ``to_dict`` does; the type goes first."""
+        b = compact_bytes(self)
+        if b is None:
+            return compact(self.to_dict())
+        return '{"type":"' + self.type + '",' + b[1:].decode("ascii")  # b: {"step":...}
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """An event class's field names in order (``dataclasses.fields`` builds them anew on
+    every call; an event is written once per reader)."""
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 # ---- block events -----------------------------------------------------------

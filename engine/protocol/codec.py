@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 
+from engine.events.json_text import compact
 from engine.protocol.errors import ErrorCode, ProtocolError
-from engine.protocol.messages import Message, message_from_dict
+from engine.protocol.messages import Message, Step, message_from_dict
 from engine.protocol.ops import Op, op_from_dict
 
 
@@ -33,5 +34,8 @@ def decode_message(frame: str | bytes) -> Message:
 
 
 def encode(item: Message | Op) -> str:
-    """Compact JSON text of a message or op."""
-    return json.dumps(item.to_dict(), separators=(",", ":"))
+    """Compact JSON text of a message or op (``engine.events.json_text``; a step message
+    reuses its record's text, written once for every reader)."""
+    if isinstance(item, Step):
+        return item.to_json()
+    return compact(item.to_dict())

@@ -85,6 +85,10 @@ class Step(Message):
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, **self.record.to_dict()}
 
+    def to_json(self) -> str:
+        """``to_dict()`` as compact JSON text, from the record's shared text."""
+        return self.record.to_json('{"type":"step",')
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Step:
         try:

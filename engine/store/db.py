@@ -1,6 +1,6 @@
 """Where the runs database lives, how to open it, and its schema (sqlite-utils).
 
-Tables (JSON columns hold ``json.dumps`` text):
+Tables (JSON columns hold compact ASCII JSON text, ``engine.events.json_text``):
 - ``runs``: id TEXT pk, started_at REAL (unix s), finished_at REAL|NULL, config JSON
   (an engine run's must hold ``num_blocks`` and ``block_size`` for replay), model TEXT,
   label TEXT, kind TEXT (``engine.events.run_kind``: ``engine`` | ``attached``; NULL in
@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+
+from engine.events.json_text import compact
+from engine.events.step import StepRecord
 
 ENV_VAR = "KVSCOPE_DB"
 DEFAULT_PATH = Path("data") / "runs.sqlite"
@@ -87,17 +90,23 @@ def new_run_id() -> str:
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return compact(value)
 
 
 def loads(text: str | None, default: Any = None) -> Any:
     return default if text is None else json.loads(text)
 
 
-def step_row(run_id: str, d: dict[str, Any]) -> dict[str, Any]:
-    """The ``steps`` row of one ``StepRecord.to_dict()`` (events and metrics as JSON text)."""
-    return {"run_id": run_id, "seq": d["seq"], "step": d["step"], "ts": d["ts"],
-            "events": dumps(d["events"]), "metrics": dumps(d["metrics"])}
+def step_row(run_id: str, rec: StepRecord | dict[str, Any]) -> dict[str, Any]:
+    """The ``steps`` row of a step (events and metrics as JSON text): a ``StepRecord``
+    gives the text it wrote for the step frame (``json_parts``), a dict (its
+    ``to_dict()`` form, an import) is written here."""
+    if isinstance(rec, StepRecord):
+        events, metrics = rec.json_parts()
+        return {"run_id": run_id, "seq": rec.seq, "step": rec.step, "ts": rec.ts,
+                "events": events, "metrics": metrics}
+    return {"run_id": run_id, "seq": rec["seq"], "step": rec["step"], "ts": rec["ts"],
+            "events": dumps(rec["events"]), "metrics": dumps(rec["metrics"])}
 
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)

@@ -246,7 +246,7 @@ class Recorder:
         try:
             if isinstance(payload, Exception):
                 raise payload
-            values = dbm.step_row(payload[0], payload[1].to_dict()) if kind == "steps" else payload
+            values = dbm.step_row(payload[0], payload[1]) if kind == "steps" else payload
             nbytes = dbm.check_row(values)
         except Exception as exc:
             self._skip(kind, exc)

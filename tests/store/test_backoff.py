@@ -28,15 +28,16 @@ def attempts_allowed(window_s, retry_s, max_retry_s):
     return n
 
 
-def count_to_dict(monkeypatch):
+def count_serialisations(monkeypatch):
+    """The thread of every serialisation of a step (its JSON text, ``json_parts``)."""
     calls = []
-    real = StepRecord.to_dict
+    real = StepRecord.json_parts
 
-    def to_dict(self):
+    def json_parts(self):
         calls.append(threading.current_thread().name)
         return real(self)
 
-    monkeypatch.setattr(StepRecord, "to_dict", to_dict)
+    monkeypatch.setattr(StepRecord, "json_parts", json_parts)
     return calls
 
 
@@ -44,7 +45,7 @@ def count_to_dict(monkeypatch):
 def test_retries_back_off_and_each_step_is_serialised_once(tmp_path, monkeypatch, caplog, mode):
     path = str(tmp_path / "runs.sqlite")
     faulty = FaultyDb(monkeypatch)
-    calls = count_to_dict(monkeypatch)
+    calls = count_serialisations(monkeypatch)
     rec = Recorder(path, retry_s=0.02, max_retry_s=0.16)
     run_id = rec.start_run(CONFIG)
     assert rec.flush(timeout=5) and faulty.connects == 1
