@@ -160,7 +160,7 @@ class RooflineScale:
 
 
 # Decode steps run before each decode unit's timed ones: the first step of a small batch
-# packs every linear weight for oneDNN (layers.PackedWeightCache) and first touches the
+# packs every linear weight (layers.PackedWeightCache: MKL's layout, else oneDNN's) and first touches the
 # KV pool; measured on the 2-core box, the next one or two were still 1.5-2x slower.
 WARMUP_STEPS = 2
 FULL_ROOFLINE = RooflineScale()

@@ -3,7 +3,7 @@
     python -m bench.step_ab attention   # kernels.reference vs kernels.torch_paged
     python -m bench.step_ab cascade     # shared-prefix decode without / with cascade
     python -m bench.step_ab threads     # 1 vs 2 torch threads
-    python -m bench.step_ab packed      # F.linear vs oneDNN-packed weights for small batches
+    python -m bench.step_ab packed      # F.linear vs packed weights (MKL's, else oneDNN's) for small batches
     python -m bench.step_ab cascade_flash  # cascade with explicit scores vs flash + LSE merge
     python -m bench.step_ab decode_kernel --batch 64  # gather + SDPA vs the C++ decode kernel
     python -m bench.step_ab fused --batch 1  # torch's small elementwise ops vs kernels/cpu_fused.cpp

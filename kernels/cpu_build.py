@@ -123,10 +123,10 @@ class DefaultPathKernels:
 
 def build_all() -> list[str]:
     """Build (or find cached) every CPU extension; the failures, as messages."""
-    from kernels import cpu_attention, cpu_fused, cpu_linear
+    from kernels import cpu_attention, cpu_fused, cpu_linear, cpu_mkl
 
     failed = []
-    for build in (cpu_attention.extension, cpu_fused.extension, cpu_linear.extension):
+    for build in (cpu_attention.extension, cpu_fused.extension, cpu_linear.extension, cpu_mkl.extension):
         try:
             build()
         except KernelUnavailableError as exc:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_fused
+from kernels import cpu_fused, cpu_mkl
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -177,36 +177,36 @@ class RopeTables:
 
 
 # Small-batch float32 GEMMs on the CPU (decode steps: one row per running sequence)
-# run through oneDNN with a weight packed once into its blocked layout: measured on the
-# 2-core AVX2 dev box at 16 rows, 1.2x (gate/up) to 1.6x (the 49152-row lm_head)
-# faster than F.linear's MKL path; at hundreds of rows (prefill) the two are equal,
+# run through a weight packed once into a blocked layout: MKL's (kernels/cpu_mkl.py,
+# where torch carries MKL and the extension builds), else oneDNN's. Every linear weight
+# of SmolLM2 once, 2 threads, ms: 16 rows 47 MKL packed / 55 oneDNN packed / 74
+# F.linear, 64 rows 97 / 112 / 135; at hundreds of rows (prefill) they are about equal,
 # so bigger batches keep F.linear. The packed copy doubles the weights' memory.
-# Below 4 rows MKL's matrix-vector path wins instead: every linear weight of SmolLM2
-# once, CPU time, 1 thread: 1 row 44 ms F.linear vs 58 ms packed, 3 rows 50 vs 61,
-# 4 rows 85 vs 61 (MKL leaves its gemv path); 2 threads alike (bench/RESULTS.md).
+# Below 4 rows MKL's matrix-vector path (F.linear) is as fast: 1 row 27 ms F.linear /
+# 25 MKL packed / 32 oneDNN packed at 2 threads (1 thread: 44 vs 58 oneDNN; RESULTS.md).
 PACKED_MIN_ROWS = 4
 PACKED_MAX_ROWS = 64
 
 
-def _packing_enabled() -> bool:
-    if os.environ.get("KVSCOPE_PACKED_LINEAR", "1") == "0":
-        return False
+def _onednn_packing() -> bool:
     return (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 class PackedWeightCache:
-    """A oneDNN-packed copy of one CPU float32 weight, rebuilt if the weight changes.
+    """A packed copy of one CPU float32 weight (MKL's layout, else oneDNN's), rebuilt if
+    the weight changes.
 
     Writer: only ``linear`` (lazily, on the first small batch). Staleness is caught by
     the weight's storage pointer and version counter (in-place loads bump it).
     """
 
-    __slots__ = ("packed", "ptr", "version", "failed")
+    __slots__ = ("packed", "mkl", "ptr", "version", "failed")
 
     def __init__(self) -> None:
         self.packed: torch.Tensor | None = None
+        self.mkl = False  # packed for MKL (kernels.cpu_mkl), else for oneDNN
         self.ptr = 0
         self.version = -1
         self.failed = False
@@ -219,6 +219,8 @@ class PackedWeightCache:
         packed = self._get(weight)
         if packed is None:
             return F.linear(x, weight, bias)
+        if self.mkl:
+            return cpu_mkl.linear(x, packed, weight.shape[0], bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
 
     def _get(self, weight: torch.Tensor) -> torch.Tensor | None:
@@ -227,12 +229,19 @@ class PackedWeightCache:
         except RuntimeError:  # an inference tensor: no version counter, pointer only
             version = -2
         if self.packed is None or self.ptr != weight.data_ptr() or self.version != version:
-            if not _packing_enabled():
+            self.packed = None  # the stale copy goes before the new one is made
+            if os.environ.get("KVSCOPE_PACKED_LINEAR", "1") == "0":
                 self.failed = True
                 return None
-            try:  # a private op: if this torch build lacks or changed it, use F.linear
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+            try:  # oneDNN's is a private op: if this torch lacks or changed it, use F.linear
+                if cpu_mkl.usable():
+                    self.packed, self.mkl = cpu_mkl.pack(weight), True
+                elif _onednn_packing():
+                    self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+                    self.mkl = False
             except Exception:  # noqa: BLE001
+                self.packed = None
+            if self.packed is None:
                 self.failed = True
                 return None
             self.ptr, self.version = weight.data_ptr(), version

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from kernels import cpu_attention, cpu_fused, cpu_linear
+from kernels import cpu_attention, cpu_fused, cpu_linear, cpu_mkl
 
 # Stamps this close to the call's ends can come from before or after it: getting into and
 # out of the C++ call can hand the GIL over at a switch interval (5 ms) or two.
@@ -76,7 +76,16 @@ def _write_kv(scale: int):
     return lambda: cpu_attention.extension().write_kv(key, value, key_cache, value_cache, slots)
 
 
-@pytest.mark.parametrize("make", [_silu_mul, _int8_dequantize, _write_kv], ids=lambda f: f.__name__[1:])
+def _mkl_linear(scale: int):
+    if not cpu_mkl.extension().available():
+        pytest.skip("this torch build carries no MKL packed GEMM")
+    w, x = torch.randn(4096, 1024), torch.randn(64 * scale, 1024)
+    packed = cpu_mkl.pack(w)
+    return lambda: cpu_mkl.linear(x, packed, 4096)
+
+
+@pytest.mark.parametrize("make", [_silu_mul, _int8_dequantize, _write_kv, _mkl_linear],
+                         ids=lambda f: f.__name__[1:])
 def test_a_kernel_call_lets_other_python_threads_run(cpu_compiler, make):
     call = _long_enough(make)
     ran, window = _stamps_inside(call)

@@ -1,4 +1,4 @@
-"""Small-batch CPU linears through oneDNN-packed weights (engine.model.layers)."""
+"""Small-batch CPU linears through packed weights, MKL's or oneDNN's (engine.model.layers)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import layers
+from kernels import cpu_mkl
 from engine.model.layers import Linear, PackedWeightCache
 
 
@@ -29,8 +30,8 @@ def test_matches_f_linear(rows, bias):
 
 
 def test_small_batches_use_the_packed_copy_and_large_ones_do_not():
-    if not layers._packing_enabled():
-        pytest.skip("this torch build has no oneDNN linear")
+    if not (layers._onednn_packing() or cpu_mkl.usable()):
+        pytest.skip("this torch build packs no weights")
     lin = _filled(32, 48, True)
     lin(torch.randn(layers.PACKED_MAX_ROWS + 1, 32))
     assert lin.packed.packed is None
@@ -40,11 +41,13 @@ def test_small_batches_use_the_packed_copy_and_large_ones_do_not():
 
 def test_repacks_after_the_weight_changes_in_place():
     lin = _filled(32, 48, False)
-    x = torch.randn(3, 32)
+    x = torch.randn(layers.PACKED_MIN_ROWS + 1, 32)
     lin(x)
+    first = lin.packed.packed
     with torch.no_grad():
         lin.weight.mul_(-2.0)
     torch.testing.assert_close(lin(x), F.linear(x, lin.weight), atol=1e-4, rtol=1e-5)
+    assert first is None or lin.packed.packed is not first
 
 
 def test_other_dtypes_fall_back(monkeypatch):
@@ -58,6 +61,6 @@ def test_other_dtypes_fall_back(monkeypatch):
 def test_switched_off_by_environment(monkeypatch):
     monkeypatch.setenv("KVSCOPE_PACKED_LINEAR", "0")
     lin = _filled(16, 8, False)
-    x = torch.randn(2, 16)
+    x = torch.randn(layers.PACKED_MIN_ROWS + 1, 16)
     assert torch.equal(lin(x), F.linear(x, lin.weight))
     assert lin.packed.packed is None
