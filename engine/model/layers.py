@@ -239,8 +239,8 @@ class PackedWeightCache:
                 elif _onednn_packing():
                     self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
                     self.mkl = False
-            except Exception:  # noqa: BLE001
-                self.packed = None
+            except Exception:  # noqa: BLE001 (packed stays None: the reset above)
+                pass
             if self.packed is None:
                 self.failed = True
                 return None
