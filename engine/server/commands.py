@@ -82,6 +82,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="unsent bytes per connection before it is closed as not reading (1008)")
     g.add_argument("--step-buffer", type=int, default=256,
                    help="unsent step messages per client before they are dropped (client resyncs)")
+    g.add_argument("--engine-thread", dest="engine_process", action="store_false",
+                   help="run the engine as a thread of the server's process instead of a process of "
+                        "its own (the default; the thread then shares the GIL with every client's "
+                        "frames: bench/RESULTS.md, 'Soak')")
     g.add_argument("--kv-events-config", default=None, metavar="JSON",
                    help="publish KV cache events in vLLM's format, e.g. '{\"enable_kv_cache_events\": "
                         "true, \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
@@ -123,7 +127,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              max_frames_per_s=args.max_frames_per_s,
                              max_inbound_bytes_per_s=args.max_inbound_bytes_per_s,
                              served_model_name=tuple(args.served_model_name or ()),
-                             allowed_hosts=tuple(args.allowed_hosts))
+                             allowed_hosts=tuple(args.allowed_hosts),
+                             engine_process=args.engine_process)
     except (BindRefused, KVScopeError, ValueError) as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2

@@ -109,7 +109,7 @@ class EngineWorker(threading.Thread):
         # would otherwise wait for a client's op (the first of an idle server blocks
         # this thread), and until it arrives the front doors have no PromptPrep (an
         # API call's prompts would be tokenized here) and /metrics no run.
-        self._flush()
+        self.flush()
         try:
             self._serve()
         except BaseException:
@@ -171,10 +171,16 @@ class EngineWorker(threading.Thread):
             if self._busy():
                 self._step()
             self._answer_snapshots()
-            self._flush()
+            self.flush()
             self.trimmer.tick()
 
-    def _flush(self) -> None:
+    def emit(self, item: Any) -> None:
+        """Queue ``item`` with this iteration's deliveries, in order (an engine process's
+        recorder calls travel this way: ``engine_process.RecorderProxy``)."""
+        self._out.append(item)
+
+    def flush(self) -> None:
+        """Post what this iteration queued, as one batch."""
         if self._out:
             batch, self._out = self._out, []
             self.post(batch)
@@ -391,5 +397,5 @@ class EngineWorker(threading.Thread):
         if self.engine.has_pending_events():
             self._step()
         self._finish_run()
-        self._flush()
+        self.flush()
         self.engine.close()

@@ -7,6 +7,8 @@ file, and stops it when the test ends.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 
 import pytest
@@ -21,6 +23,10 @@ from tests.tiny_models import tiny_model_dir
 torch.set_num_threads(1)
 
 ENGINE = dict(block_size=4, num_kv_blocks=64, max_model_len=64, max_num_batched_tokens=64)
+# KVSCOPE_TEST_ENGINE_PROCESS=1: every server of these tests that can runs its engine in a
+# process of its own (kvscope serve's default; tests/server/test_engine_process.py is the
+# suite's own check of it). Tests that reach into ``server.worker.engine`` need the thread.
+ENGINE_PROCESS = os.environ.get("KVSCOPE_TEST_ENGINE_PROCESS") == "1"
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +46,10 @@ def make_server(tiny_llama, db_path):
     def make(engine: dict | None = None, ready: bool = True, **options) -> KVScopeServer:
         cfg = EngineConfig(**{"model": tiny_llama, **ENGINE, **(engine or {})})
         options.setdefault("db", db_path)
+        if ENGINE_PROCESS and options.get("engine_factory") is None:
+            options.setdefault("engine_process", True)
+            if options["engine_process"] and cfg.num_threads is None:
+                cfg = dataclasses.replace(cfg, num_threads=1)
         server = KVScopeServer(ServerOptions(cfg, port=0, **options)).start()
         started.append(server)
         if ready:

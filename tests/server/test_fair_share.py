@@ -19,7 +19,7 @@ SHORT = {"temperature": 0.0, "max_tokens": 3, "ignore_eos": True}
 @pytest.mark.parametrize("policy", ["fcfs", "fair"])
 def test_a_second_client_is_not_starved_by_one_holding_every_seat(make_server, db_path, policy):
     server = make_server(engine={"max_num_seqs": 4, "num_kv_blocks": 256, "max_model_len": 256,
-                                 "scheduling_policy": policy})
+                                 "scheduling_policy": policy}, engine_process=False)  # reads the engine
     with KVScopeClient(server.url, timeout=60) as a, KVScopeClient(server.url, timeout=60) as b:
         hog = [a.submit(f"hog prompt {i}", request_id=f"hog-{i}", params=LONG) for i in range(8)]
         first = next(iter(a.stream(hog[0])))  # hog-0 has a token: the first four hold the seats

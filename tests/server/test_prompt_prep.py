@@ -39,7 +39,7 @@ def _spy(tokenizer, gate: threading.Event | None = None, word: str = "") -> list
 
 
 def test_prompts_are_judged_by_bytes_first_and_tokenized_off_the_engine_thread(make_server):
-    server = make_server()
+    server = make_server(engine_process=False)  # spies on the engine's tokenizer
     with KVScopeClient(server.url, timeout=30) as c:
         c.generate("warm", params=GREEDY)  # the run's PromptPrep has reached the hub
         prep = server.hub.prep

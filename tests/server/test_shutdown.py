@@ -7,7 +7,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from engine.client import KVScopeClient, ServerError
 from engine.store import RunStore
@@ -27,33 +30,59 @@ def _lines(proc) -> "queue.Queue[str]":
     return q
 
 
-def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path):
-    db = tmp_path / "runs.sqlite"
+def _gone(pid: int, timeout: float = 20.0) -> bool:
+    """Whether process ``pid`` has ended (or is a zombie) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _serve(tiny_llama, db, label: str) -> tuple[subprocess.Popen, "queue.Queue[str]", list, str, int]:
     env = {**os.environ, "KVSCOPE_DB": str(db), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("KVSCOPE_TOKEN", None)
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", tiny_llama, "--port", "0",
            "--block-size", "4", "--num-kv-blocks", "128", "--max-model-len", "256",
-           "--label", "sigterm-test"]
+           "--label", label]
+    # a session of its own: SIGINT to its process group is what Ctrl-C in a terminal sends
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    log = []
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log: list = []
+    lines = _lines(proc)
+    url = None
+    while url is None:
+        line = lines.get(timeout=90)
+        log.append(line)
+        m = re.search(r"serving (ws://127\.0\.0\.1:\d+)", line)
+        url = m and m.group(1)
+    return proc, lines, log, url, int(url.rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path, how):
+    db = tmp_path / "runs.sqlite"
+    proc, lines, log, url, port = _serve(tiny_llama, db, "sigterm-test")
     try:
-        lines = _lines(proc)
-        url = None
-        while url is None:
-            line = lines.get(timeout=90)
-            log.append(line)
-            m = re.search(r"serving (ws://127\.0\.0\.1:\d+)", line)
-            url = m and m.group(1)
-        port = int(url.rsplit(":", 1)[1])
         client = KVScopeClient(url, timeout=30)
         client.connect(wait=90)
-        assert healthz(port)["status"] == "ready"
+        health = healthz(port)
+        assert health["status"] == "ready"
+        engine = health["engine"]  # kvscope serve's engine runs in a process of its own
+        assert engine["process"] is True and engine["pid"] != proc.pid
         short = client.generate("short one", params=GREEDY)
         rid = client.submit("long one", params={"temperature": 0, "max_tokens": 200, "ignore_eos": True})
         stream = client.stream(rid)
         assert next(stream).type == "output"
-        proc.send_signal(signal.SIGTERM)
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:  # the whole group: the engine process ignores it, the server stops it in order
+            os.killpg(proc.pid, signal.SIGINT)
         fin = None
         try:
             for msg in stream:
@@ -63,6 +92,7 @@ def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path)
         assert fin is not None and fin.type == "finished"
         assert fin.outputs[0]["finish_reason"] == "abort"
         assert proc.wait(30) == 0
+        assert _gone(engine["pid"])
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -85,3 +115,18 @@ def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path)
     assert reqs[rid]["outputs"][0]["finish_reason"] == "abort"
     # the recording replays to the engine's final state: an empty pool
     assert store.snapshot_at(run["id"]).requests == {}
+
+
+def test_a_killed_server_takes_its_engine_process_with_it(tiny_llama, tmp_path):
+    proc, _, log, url, port = _serve(tiny_llama, tmp_path / "runs.sqlite", "sigkill-test")
+    try:
+        KVScopeClient(url, timeout=30).connect(wait=90)
+        child = healthz(port)["engine"]["pid"]
+        assert not _gone(child, 0.2)
+        proc.kill()  # no graceful stop: the child reads EOF on its pipe and ends itself
+        proc.wait(30)
+        assert _gone(child), "".join(log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
