@@ -33,9 +33,10 @@ The seam is the mailbox (``engine.server.mailbox``), both ways over two pipes:
   finished output is sent whole and ends the mirror.
 
 If the child dies, ``/healthz`` says ``error`` with its exit code, and the API answers
-503 (``alive()``). SIGINT is ignored in the child: Ctrl-C in a terminal reaches the
-whole process group, and the front door's graceful stop is what ends the child (a
-``Shutdown`` letter); if the front door itself dies, the child reads EOF and shuts down.
+503 (``alive()``). SIGINT and SIGTERM are ignored in the child: Ctrl-C in a terminal and
+a service manager's stop reach the whole process group, and the front door's graceful
+stop is what ends the child (a ``Shutdown`` letter); if the front door itself dies, the
+child reads EOF and shuts down the same way.
 
 Threads: the forwarder and the reader (parent); the worker runs in the child's main thread.
 """
@@ -301,7 +302,10 @@ def child_main(config: EngineConfig, inbox: Any, outbox: Any, opts: dict[str, An
     """The engine process: one EngineWorker, run in this (main) thread."""
     from engine.server.engine_loop import EngineWorker
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front door stops us (see module docstring)
+    # The front door stops us (a Shutdown letter, or EOF if it died): Ctrl-C and a service
+    # manager's SIGTERM reach the whole process group, and would kill us mid-step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=opts["log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     channel = Channel(outbox)
     wire = OutputWire()

@@ -8,7 +8,7 @@ from engine.config import EngineConfig
 from engine.events.step import StepRecord
 from engine.server.app import ServerOptions
 from engine.client import KVScopeClient
-from tests.server.helpers import GREEDY
+from tests.server.helpers import GREEDY, raw, recv_until, send
 from tests.server.prom_samples import scrape
 
 SERVED = "kvscope-tiny"
@@ -168,9 +168,16 @@ def test_preemptions_and_block_residency_match_the_event_stream(make_server):
     server = make_server(engine={"num_kv_blocks": 12, "max_model_len": 32, "max_num_batched_tokens": 64})
     params = {"temperature": 0.0, "max_tokens": 8, "ignore_eos": True}
     with KVScopeClient(server.url, timeout=60) as c:
-        rids = [c.submit(list(range(10 * i + 1, 10 * i + 21)), params=params) for i in range(3)]
-        for rid in rids:
-            list(c.stream(rid))
+        # sent without waiting for each accepted, so the three run together however long
+        # a round trip to the engine takes (a thread's or a process's)
+        ws = raw(server.url)
+        for i in range(3):
+            send(ws, type="submit", prompt=list(range(10 * i + 1, 10 * i + 21)), params=params,
+                 request_id=f"p{i}")
+        finished = set()
+        while len(finished) < 3:
+            finished.add(recv_until(ws, lambda m: m["type"] == "finished")[0]["request_id"])
+        ws.close()
         c.generate(list(range(1, 21)), params=params)  # the first prompt again
         steps = _all_steps(c)
     assert [st.seq for st in steps] == list(range(len(steps)))

@@ -64,7 +64,7 @@ def _serve(tiny_llama, db, label: str) -> tuple[subprocess.Popen, "queue.Queue[s
     return proc, lines, log, url, int(url.rsplit(":", 1)[1])
 
 
-@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c", "group-sigterm"])
 def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path, how):
     db = tmp_path / "runs.sqlite"
     proc, lines, log, url, port = _serve(tiny_llama, db, "sigterm-test")
@@ -81,8 +81,9 @@ def test_sigterm_aborts_live_requests_and_finishes_the_run(tiny_llama, tmp_path,
         assert next(stream).type == "output"
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)
-        else:  # the whole group: the engine process ignores it, the server stops it in order
-            os.killpg(proc.pid, signal.SIGINT)
+        else:  # the whole group (a terminal, a service manager): the engine process ignores
+            # it, and the server stops it in order
+            os.killpg(proc.pid, signal.SIGINT if how == "ctrl-c" else signal.SIGTERM)
         fin = None
         try:
             for msg in stream:
