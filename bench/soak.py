@@ -15,7 +15,8 @@ server on 127.0.0.1 (a free port, its own SQLite file, ``--no-client-restart``),
    then a disconnect, restarts, and connection churn. They run in a process of their
    own, so that their tight loops do not hold the good clients' GIL.
 
-It reports requests served, the server's RSS (start of the mix, peak, end), the good
+It reports requests served, the server's RSS (its process and the engine's, summed; start of
+the mix, peak, end), the good
 clients' p50/p99 latency quiet vs mixed (as they measured it, and as the server
 recorded it), the recorder's backlog (peak, from
 /metrics), rows recorded against requests served (SQLite, after the server stops),
@@ -50,12 +51,35 @@ RSS_GOAL_MB = 100
 P99_GOAL = 2.0
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
 def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    """The server's resident memory: its process and every process under it (the
+    engine's own, kvscope serve's default), summed."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) / 1024
+                        break
+        except OSError:
+            if p == pid:
+                return float("nan")
+            continue
+        todo += _children(p)
+    return total
 
 
 def _metric(port: int, name: str) -> float | None:

@@ -361,7 +361,7 @@ class EngineProcess:
         self.process: multiprocessing.process.BaseProcess | None = None
         self._sinks: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._sinks_lock = threading.Lock()
-        self._run_id: str | None = None  # the run the child recorded last (finished if it dies)
+        self._run_id: str | None = None  # the child's run, until it finishes it (finished here if it dies)
         self._to_child: Any = None
         self._reader: threading.Thread | None = None
         self._forwarder: threading.Thread | None = None
@@ -480,8 +480,8 @@ class EngineProcess:
             log.error("kvscope: the engine process exited unexpectedly (exit code %s)", code)
             self.board.set(Health(Status.ERROR, f"the engine process exited unexpectedly (exit code {code}); "
                                                 f"see the server log", model=self.config.model))
-            if self.recorder is not None and self._run_id is not None:
-                self.recorder.finish(self._run_id)
+        if self.recorder is not None and self._run_id is not None:  # it ended without finishing its run
+            self.recorder.finish(self._run_id)
 
     def _apply(self, msg: tuple) -> None:
         kind = msg[0]
@@ -513,6 +513,8 @@ class EngineProcess:
                     _, name, args, kw = item
                     if name == "start_run":
                         self._run_id = kw["run_id"]
+                    elif name == "finish":
+                        self._run_id = None
                     if self.recorder is not None:
                         getattr(self.recorder, name)(*args, **kw)
                 elif tag == "forget":
