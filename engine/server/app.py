@@ -1,4 +1,8 @@
-"""KVScopeServer: one engine thread behind one port (``engine.server.front_door``).
+"""KVScopeServer: one engine behind one port (``engine.server.front_door``).
+
+The engine runs in an ``EngineWorker``: a thread of this process, or, as ``kvscope
+serve`` runs it (``ServerOptions.engine_process``), a process of its own
+(``engine.server.engine_process``), so that no client's traffic holds its GIL.
 
 The port answers the websocket protocol v2 (the dashboard, ``kvscope submit``),
 ``/healthz``, ``/metrics`` and the OpenAI API (``/v1/models``, ``/v1/completions``,

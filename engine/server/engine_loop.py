@@ -1,5 +1,9 @@
 """EngineWorker: the one thread that owns the LLMEngine.
 
+``kvscope serve`` runs it as the main thread of a process of its own
+(``engine.server.engine_process``: its mailbox, post, board and recorder are stand-ins
+that cross two pipes); embedded servers and tests run it as a thread of theirs.
+
 It loads the model, then loops: take letters from the mailbox (blocking only
 when the engine has nothing to do, so an idle server sends no steps and burns no
 CPU), execute their commands, step while there is work (unfinished requests or

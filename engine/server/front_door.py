@@ -1,6 +1,7 @@
 """FrontDoor: the websocket + HTTP listener every kvscope server runs, around one worker.
 
-``kvscope serve`` (``engine.server.app.KVScopeServer``, an engine thread) and
+``kvscope serve`` (``engine.server.app.KVScopeServer``, an engine worker in a process of
+its own or a thread) and
 ``kvscope attach`` (``engine.attach.server.AttachServer``, a thread fed by KV event
 subscriptions) differ only in their worker (and serve adds the OpenAI API). Both
 keep: one port for websockets, ``/healthz`` and ``/metrics``; the hub; the mailbox
