@@ -9,7 +9,8 @@ change since the first probe, the sizes of the server's own bounded stores (requ
 book, scheduler, runner states, miss causes, hub, history), and from ``TRACE_FROM_S``
 seconds on Python's traced heap (tracemalloc, one frame) with the 20 allocation sites
 that grew most since tracing began. Tracing starts late on purpose: from the start it
-makes imports and model loading minutes slower on a small box.
+makes imports and model loading minutes slower on a small box. ``serve`` runs its engine
+as a thread here (``--engine-thread``), so the probes see the engine's heap too.
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ def _mallinfo() -> dict[str, int] | None:
             "in_use_mb": round(m.uordblks / 2**20, 1), "free_held_mb": round(m.fordblks / 2**20, 1)}
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
+def rss_mb(pid: int | str = "self") -> float:
+    """A process's resident memory (VmRSS), MB: 0 for one that has none (a zombie);
+    raises OSError once it is gone."""
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
-    return float("nan")
+    return 0.0
 
 
 def _objects() -> tuple[collections.Counter, dict[str, int]]:
@@ -86,7 +89,7 @@ def probe(path: str, interval: float, trace_from: float) -> None:
         time.sleep(interval)
         t = time.time() - t0
         types, stores = _objects()
-        line = {"t": round(t, 1), "rss_mb": round(_rss_mb(), 1), "malloc": _mallinfo(),
+        line = {"t": round(t, 1), "rss_mb": round(rss_mb(), 1), "malloc": _mallinfo(),
                 "gc_objects": sum(types.values()), "stores": stores}
         if base_types is None:
             base_types = types
@@ -108,6 +111,10 @@ def probe(path: str, interval: float, trace_from: float) -> None:
 
 def main() -> int:
     path, interval, trace_from, argv = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+    if argv[:1] == ["serve"] and "--engine-thread" not in argv:
+        # the probes read this process's heap, the engine's included: keep it here (a
+        # probed soak measures the engine thread, not kvscope serve's engine process)
+        argv = [*argv, "--engine-thread"]
     threading.Thread(target=probe, args=(path, interval, trace_from), name="mem-probe", daemon=True).start()
     from engine.cli import main as cli_main
 

@@ -44,6 +44,7 @@ import threading
 import time
 import urllib.request
 
+from bench.mem_probe import rss_mb
 from bench.soak_clients import HOSTILE, Tally, good_client, hostile_clients
 from bench.soak_report import quantile, slowest_requests, step_gaps
 
@@ -69,11 +70,7 @@ def _rss_mb(pid: int) -> float:
     while todo:
         p = todo.pop()
         try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) / 1024
-                        break
+            total += rss_mb(p)
         except OSError:
             if p == pid:
                 return float("nan")

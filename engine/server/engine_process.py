@@ -25,12 +25,8 @@ The seam is the mailbox (``engine.server.mailbox``), both ways over two pipes:
   process), the ``HealthBoard``, and the deliveries to the loop (``post``), each
   ``Reply`` given back its sink (the parent holds sinks weakly: a sink nobody holds
   any more is a client gone, and its answers have nowhere to go).
-- **Outputs.** A running request's ``RequestOutput`` holds its whole prompt and every
-  token and logprob so far (live views in the thread). Sent whole every step, a long
-  request would cost O(length) per step. The child sends an ``OutputDelta`` instead:
-  the prompt once, then only new tokens and logprobs; the parent's ``OutputMirror``
-  rebuilds the same ``RequestOutput`` (lists that only grow, as the live views do). A
-  finished output is sent whole and ends the mirror.
+- **Outputs.** A running request's output crosses as what is new only
+  (``engine.server.output_wire``: the child's ``OutputWire``, the parent's ``OutputMirror``).
 
 If the child dies, ``/healthz`` says ``error`` with its exit code, and the API answers
 503 (``alive()``). SIGINT and SIGTERM are ignored in the child: Ctrl-C in a terminal and
@@ -51,115 +47,21 @@ import os
 import signal
 import threading
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode
 from engine.protocol.messages import Error
 from engine.server.health import Health, HealthBoard, Status
 from engine.server.mailbox import Letter, Mailbox, NewRun, Prepared, Reply, Shutdown
+from engine.server.output_wire import OutputDelta, OutputMirror, OutputWire
 from engine.server.sink import Source
 
 log = logging.getLogger("kvscope.server")
 
 LETTERS_PER_SEND = 256  # letters the forwarder sends in one message
 STALE_CHECK_EVERY = 64  # batches between the child's sweeps for outputs never finished
-
-
-# ---- outputs on the wire -------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class OutputDelta:
-    """A running request's ``RequestOutput`` as it crosses the pipe: what is new only.
-
-    ``head``: (prompt, prompt token ids), on the request's first output only.
-    ``samples``: per sample (index, text, new token ids, new logprobs or None,
-    finish_reason, stop_reason, cumulative_logprob)."""
-
-    request_id: str
-    head: tuple[str | None, list[int]] | None
-    samples: list[tuple[int, str, list[int], list | None, str | None, Any, float | None]]
-    num_cached_tokens: int
-    metrics: RequestMetrics | None
-    deltas: dict[int, tuple[str, list[int]]]
-
-
-class OutputWire:
-    """The child's side: what of each request's samples the parent already has."""
-
-    def __init__(self) -> None:
-        self.sent: dict[str, dict[int, tuple[int, int]]] = {}  # rid -> index -> (tokens, logprobs)
-
-    def slim(self, out: RequestOutput) -> RequestOutput | OutputDelta:
-        if out.finished:
-            self.sent.pop(out.request_id, None)
-            return out  # its lists are plain lists now, sent once
-        known = self.sent.get(out.request_id)
-        head = None
-        if known is None:
-            known = self.sent[out.request_id] = {}
-            head = (out.prompt, out.prompt_token_ids)
-        samples = []
-        for c in out.outputs:
-            nt, nl = known.get(c.index, (0, 0))
-            ids = list(c.token_ids[nt:])
-            lps = None if c.logprobs is None else c.logprobs[nl:]
-            known[c.index] = (nt + len(ids), nl + (len(lps) if lps is not None else 0))
-            samples.append((c.index, c.text, ids, lps, c.finish_reason, c.stop_reason,
-                            c.cumulative_logprob))
-        return OutputDelta(out.request_id, head, samples, out.num_cached_tokens, out.metrics,
-                           out.deltas)
-
-    def forget_all_but(self, live: Callable[[str], bool]) -> list[str]:
-        """Drop requests no longer live (released without a finished output reaching the
-        wire); their ids, for the parent to drop too."""
-        gone = [rid for rid in self.sent if not live(rid)]
-        for rid in gone:
-            del self.sent[rid]
-        return gone
-
-
-class OutputMirror:
-    """The parent's side: each running request's prompt, tokens and logprobs so far."""
-
-    def __init__(self) -> None:
-        self._reqs: dict[str, tuple[str | None, list[int], dict[int, tuple[list[int], list | None]]]] = {}
-
-    def __len__(self) -> int:
-        return len(self._reqs)
-
-    def full(self, item: RequestOutput | OutputDelta) -> RequestOutput:
-        if isinstance(item, RequestOutput):
-            self._reqs.pop(item.request_id, None)
-            return item
-        req = self._reqs.get(item.request_id)
-        if req is None:
-            prompt, ids = item.head if item.head is not None else (None, [])
-            req = self._reqs[item.request_id] = (prompt, ids, {})
-        prompt, prompt_ids, samples = req
-        outs = []
-        for index, text, ids, lps, reason, stop, cum in item.samples:
-            toks, logps = samples.get(index) or samples.setdefault(index, ([], None if lps is None else []))
-            toks.extend(ids)
-            if lps is not None:
-                if logps is None:
-                    logps = []
-                    samples[index] = (toks, logps)
-                logps.extend(lps)
-            outs.append(CompletionOutput(index, text, toks, reason, stop, logps, cum))
-        return RequestOutput(item.request_id, prompt, prompt_ids, outs, False, item.num_cached_tokens,
-                             item.metrics, item.deltas)
-
-    def forget(self, rids: list[str]) -> None:
-        for rid in rids:
-            self._reqs.pop(rid, None)
-
-    def clear(self) -> None:
-        self._reqs.clear()
 
 
 # ---- the child's stand-ins -------------------------------------------------------------------
