@@ -166,7 +166,7 @@ def run(model: str, rounds: int, scale=None, engine: dict | None = None) -> dict
     for rs in runs.values():
         for r in rs:
             r.pop("token_ids")
-    return {"model": llm.engine.spec.name, "machine": machine_info(), "load_start": load0,
+    return {"model": llm.engine.model_name, "machine": machine_info(), "load_start": load0,
             "load_end": loadavg(), "workload": workload.description, "requests": len(workload.requests),
             "output_tokens": tokens, "concurrency": CONCURRENCY, "rounds": rounds, "runs": runs,
             "median_tok_s": med, "median_tok_per_cpu_s": med_cpu,

@@ -21,7 +21,7 @@ parallel). The same loss is also computed from this thread's CPU seconds, which 
 jobs' load does not stretch.
 
 Switching modes swaps ``engine.config`` for a copy with ``enable_events`` flipped and
-flips ``engine.log.enabled``: a bench-only manoeuvre (the event stream of a run
+flips ``engine.engine_core.scheduler.log.enabled``: a bench-only manoeuvre (the event stream of a run
 measured this way has gaps, which is fine because nothing replays it).
 """
 
@@ -64,14 +64,14 @@ def _alternating_pass(loaded, model: str, workload: Workload, max_num_seqs: int,
     configs = {"on": engine.config, "off": dataclasses.replace(engine.config, enable_events=False)}
     with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
         rec = Recorder(str(Path(tmp) / "events.db"))
-        run_id = rec.start_run(engine.describe(), model=engine.spec.name, label="bench events cost")
+        run_id = rec.start_run(engine.describe(), model=engine.model_name, label="bench events cost")
         listeners = [_encode_step, lambda r: rec.record_step(r, run_id)]
         writer_id = getattr(getattr(rec, "_thread", None), "native_id", None)
         cpu0 = _thread_cpu_seconds(writer_id)
 
         def set_mode(mode: str) -> None:
             engine.config = configs[mode]
-            engine.log.enabled = mode == "on"
+            engine.engine_core.scheduler.log.enabled = mode == "on"
             engine.step_listeners[:] = listeners if mode == "on" else []
 
         trace = alternate(engine, workload, set_mode, bar)

@@ -63,13 +63,13 @@ def _objects() -> tuple[collections.Counter, dict[str, int]]:
             if name == "EngineWorker" and o.engine is not None:
                 eng = o.engine
                 stores.update(book_live=len(o.book.live()), book_used_ids=len(o.book._used),
-                              scheduler_requests=len(eng.scheduler.requests),
+                              scheduler_requests=len(eng.engine_core.scheduler.requests),
                               output_processor_requests=len(eng.output_processor.requests),
-                              runner_states=len(eng.runner.requests), kv_hashes=len(eng.scheduler.kv.hashes),
-                              kv_tables=len(eng.scheduler.kv.tables),
-                              miss_dropped=len(eng.scheduler.kv.misses._dropped),
-                              miss_children=len(eng.scheduler.kv.misses._children),
-                              event_log_pending=len(eng.log.events))
+                              runner_states=len(eng.engine_core.runner.requests), kv_hashes=len(eng.engine_core.scheduler.kv.hashes),
+                              kv_tables=len(eng.engine_core.scheduler.kv.tables),
+                              miss_dropped=len(eng.engine_core.scheduler.kv.misses._dropped),
+                              miss_children=len(eng.engine_core.scheduler.kv.misses._children),
+                              event_log_pending=len(eng.engine_core.scheduler.log.events))
             elif name == "Hub":
                 stores.update(hub_conns=len(o.conns), history_steps=len(o.history._steps))
             elif name == "ApiDesk":

@@ -56,10 +56,10 @@ def run_kvscope(engine, workload: Workload, system: str = "kvscope",
     ids: list[list[int]] = [[] for _ in range(n)]
     cached = [0] * n
     index = {f"r{i}": i for i in range(n)}
-    sched = engine.scheduler
-    num_blocks = engine.cache_config.num_blocks
-    per_block = engine.parts.kv_bytes_per_block
-    per_slot = per_block // engine.cache_config.block_size
+    sched = engine.engine_core.scheduler
+    num_blocks = engine.engine_core.parts.cache_config.num_blocks
+    per_block = engine.engine_core.parts.kv_bytes_per_block
+    per_slot = per_block // engine.engine_core.parts.cache_config.block_size
     peak_blocks = peak_slots = 0
     load0 = loadavg()
     with RssSampler() as rss:

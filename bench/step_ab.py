@@ -56,7 +56,7 @@ def _apply(kind: str, setting: str, engine) -> None:
     from kernels import torch_paged
 
     if kind == "attention":
-        engine.runner.backend = TorchAttentionBackend("reference" if setting == "reference" else "fast")
+        engine.engine_core.runner.backend = TorchAttentionBackend("reference" if setting == "reference" else "fast")
     elif kind == "cascade":
         torch_paged._MIN_SHARED_BLOCKS = 10**9 if setting == "no cascade" else 4
     elif kind == "threads":
@@ -70,7 +70,7 @@ def _apply(kind: str, setting: str, engine) -> None:
 
         layers.PACKED_MAX_ROWS = 64 if setting == "packed" else 0
     elif kind == "decode_kernel":  # read by the backend when it plans each step
-        engine.runner.backend.decode_kernel = setting == "C++ kernel"
+        engine.engine_core.runner.backend.decode_kernel = setting == "C++ kernel"
     elif kind == "fused":
         from kernels import cpu_fused
 
@@ -79,7 +79,7 @@ def _apply(kind: str, setting: str, engine) -> None:
         from kernels import cpu_attention, cpu_fused
 
         on = setting != "torch only"
-        engine.runner.backend.decode_kernel = cpu_fused.KERNELS.on = cpu_attention.KERNELS.on = on
+        engine.engine_core.runner.backend.decode_kernel = cpu_fused.KERNELS.on = cpu_attention.KERNELS.on = on
     elif kind == "kernel_openmp":  # kernels/cpu_build.py loads the build of this setting
         from kernels import cpu_build
 
@@ -147,7 +147,7 @@ def run(kind: str, steps: int = 40, model: str = "smollm2-135m", batch: int | No
         for r in wl.requests:
             engine.add_request(list(r.prompt_ids), SamplingParams(temperature=0, max_tokens=steps + 40,
                                                                   ignore_eos=True))
-        sched = engine.scheduler
+        sched = engine.engine_core.scheduler
         while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.requests.values()):
             engine.step()  # until all 16 are decoding
     engine.step()

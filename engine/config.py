@@ -54,6 +54,9 @@ class EngineConfig:
     # FAIR_RATIO); engine.core.fair_share.StepShares
     fair_ratio: int = 0
     kv_events_config: KVEventsConfig | None = None  # vLLM-format KV cache events (engine.kv_events)
+    # where the engine core (scheduler, runner) runs: False in this process, True in a
+    # child of its own (engine.engine_core.client; kvscope serve's default)
+    engine_core_process: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -80,6 +83,8 @@ class EngineConfig:
         check_n_sharing(self.n_sharing)
         check_scheduling_policy(self.scheduling_policy)
         check_fair_ratio(self.fair_ratio)
+        if not isinstance(self.engine_core_process, bool):
+            raise ConfigError(f"engine_core_process must be True or False, got {self.engine_core_process!r}")
         self._check_kv_events()
 
     def _check_kv_events(self) -> None:

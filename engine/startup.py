@@ -1,10 +1,14 @@
-"""Engine start-up: ``build_engine(config)``, the one way to make an LLMEngine.
+"""Core start-up: ``build_engine_core(config)``, the one way to make an EngineCore.
 
 It loads the model (or reuses loaded weights), sizes the KV budget, builds the
 scheduler (which checks that the pool holds one max_model_len sequence, before any KV
 tensor is allocated) and then the runner. Derived values (device, max_model_len,
 chunk budget, block count) are computed here and passed on explicitly; the
-EngineConfig is never written back.
+EngineConfig is never written back. Runs where the core runs (this process, or the
+core's own: ``engine.engine_core.process``), so it may import torch.
+
+``build_engine(config)`` is the in-process engine over such a core (``LLM``, lessons,
+benchmarks, tests); ``LLMEngine.from_config`` picks the client the config asks for.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from engine.core import (
     CacheConfig, ConfigError, EventLog, KVCacheTooSmallError, NewRequestData, SamplingParams,
     ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput,
 )
+from engine.engine_core.client import InprocClient
+from engine.engine_core.core import EngineCore
 from engine.engine_parts import EngineParts
 from engine.llm_engine import LLMEngine
 from engine.model.attention import select_backend
@@ -97,8 +103,14 @@ def default_cpu_blocks(per_block: int, block_size: int, max_model_len: int, max_
 
 
 def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events=None) -> LLMEngine:
-    """An engine for ``cfg`` (on ``loaded`` weights when given, e.g. for a restart; a
-    restart also hands on the running KV event publisher, ``kv_events``).
+    """An engine over a core in this process (on ``loaded`` weights when given: lessons
+    and benchmarks build many engines on one model; ``kv_events``: a running publisher
+    to take over). ``cfg.engine_core_process`` is not consulted: this core is here."""
+    return LLMEngine(cfg, InprocClient(build_engine_core(cfg, loaded)), kv_events)
+
+
+def build_engine_core(cfg: EngineConfig, loaded: LoadedModel | None = None) -> EngineCore:
+    """The core for ``cfg`` (on ``loaded`` weights when given, e.g. for a restart).
 
     Raises the KVScopeError subclasses (ConfigError, KVCacheTooSmallError) for a
     config that cannot run."""
@@ -150,10 +162,8 @@ def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events
         "maximum concurrency for %d tokens per request: %.2fx; attention backend: %s",
         num_blocks, cfg.block_size, cache.num_slots, num_blocks * per_block / 2**20, source,
         max_len, cache.num_slots / max_len, backend.name)
-    engine = LLMEngine(cfg, EngineParts(loaded, cache, sched, runner, per_block), scheduler, kv_events)
-    if device.type == "cpu":
-        engine.core_governor = cpu_governor(cfg.num_threads)
-    return engine
+    governor = cpu_governor(cfg.num_threads) if device.type == "cpu" else None
+    return EngineCore(cfg, EngineParts(loaded, cache, sched, runner, per_block), scheduler, governor)
 
 
 def cpu_governor(num_threads: int | None = None):

@@ -61,7 +61,7 @@ class LessonContext:
         Raises the engine's KVScopeError subclasses (e.g. KVCacheTooSmallError)."""
         cfg = self.config(**overrides)
         eng = build_engine(cfg, loaded=self._loaded)
-        self._loaded = eng.parts.loaded
+        self._loaded = eng.engine_core.parts.loaded
         return eng
 
     def load(self) -> None:
@@ -117,7 +117,7 @@ class LessonContext:
         eng.step_listeners.append(records.append)
         run_id = None
         if self.recorder is not None:
-            run_id = self.recorder.start_run(desc, model=eng.spec.name, label=label)
+            run_id = self.recorder.start_run(desc, model=eng.model_name, label=label)
             eng.step_listeners.append(lambda rec, rid=run_id: self.recorder.record_step(rec, rid))
         outputs: dict[str, dict[str, Any]] = {}
         pending = by_arrival(workload)

@@ -8,7 +8,6 @@ tokens and status; these entries only report them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.core.model_runner_output import SampledToken
@@ -18,9 +17,8 @@ from engine.core.model_runner_output import SampledToken
 class EngineCoreOutput:
     """One scheduled request (a fork child is its own entry) after the step.
 
-    ``new_token`` is None for a prefill chunk that sampled nothing.
-    ``output_token_ids`` is the request's live read-only view of its generated
-    tokens (O(1)). ``finish_reason`` ("length" | "stop") and ``stop_token`` are set
+    ``new_token`` is None for a prefill chunk that sampled nothing (only what the step
+    made crosses: the output processor keeps each sample's tokens). ``finish_reason`` ("length" | "stop") and ``stop_token`` are set
     when the core finished it this step. ``num_cached_tokens`` is the prefix-cache
     hit of the latest admission; ``num_recomputed_tokens`` the tokens computed again
     after preemptions so far.
@@ -30,7 +28,6 @@ class EngineCoreOutput:
     parent_id: str | None
     sample_index: int
     new_token: SampledToken | None
-    output_token_ids: Sequence[int]
     finish_reason: str | None = None
     stop_token: int | None = None
     num_prompt_tokens: int = 0

@@ -337,7 +337,7 @@ class Scheduler:
     def _core_output(r: Request, tok) -> EngineCoreOutput:
         done = r.status.is_finished
         return EngineCoreOutput(
-            r.request_id, r.parent_id, r.sample_index, tok, r.output_token_ids,
+            r.request_id, r.parent_id, r.sample_index, tok,
             r.status.finish_reason if done else None, r.stop_token if done else None,
             r.num_prompt_tokens, r.num_cached_tokens, r.num_recomputed_tokens)
 

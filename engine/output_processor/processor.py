@@ -95,7 +95,6 @@ class OutputProcessor:
             sample = state.sample(o.sample_index, o.request_id)
             if sample.finish_reason is not None:
                 continue
-            sample.token_ids = o.output_token_ids
             touched[state.request_id] = state
             if o.new_token is not None:
                 if sample.last_token_time is None:

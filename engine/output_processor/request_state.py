@@ -39,7 +39,7 @@ class SampleState:
     index: int
     request_id: str  # the core request that produces it (a fork child has its own)
     detokenizer: IncrementalDetokenizer
-    token_ids: Sequence[int] = ()  # the core's read-only live view of its output tokens
+    token_ids: list[int] = field(default_factory=list)  # its output tokens (appended here)
     text: str = ""
     sent_text: int = 0  # chars already streamed
     sent_tokens: int = 0
@@ -51,6 +51,7 @@ class SampleState:
 
     def append(self, token: SampledToken, params: SamplingParams) -> str | None:
         """Add one token's text and logprobs; returns the stop string it completed."""
+        self.token_ids.append(token.token_id)
         if token.logprob is not None:
             entry = dict(token.top_logprobs or ())
             entry[token.token_id] = token.logprob

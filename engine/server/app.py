@@ -1,8 +1,9 @@
 """KVScopeServer: one engine behind one port (``engine.server.front_door``).
 
-The engine runs in an ``EngineWorker``: a thread of this process, or, as ``kvscope
-serve`` runs it (``ServerOptions.engine_process``), a process of its own
-(``engine.server.engine_process``), so that no client's traffic holds its GIL.
+The engine runs in an ``EngineWorker``, a thread of this process; its core (scheduler
+and model) runs in this process or, as ``kvscope serve`` runs it
+(``EngineConfig.engine_core_process``), in a process of its own, so that no client's
+traffic holds its GIL and this process never imports torch (``engine.engine_core``).
 
 The port answers the websocket protocol v2 (the dashboard, ``kvscope submit``),
 ``/healthz``, ``/metrics`` and the OpenAI API (``/v1/models``, ``/v1/completions``,
@@ -25,6 +26,7 @@ close the recorder.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -37,13 +39,11 @@ from engine.server.api_desk import ApiDesk
 from engine.server.api_routes import ApiContext, api_routes
 from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT, ClientQuota
 from engine.server.engine_loop import EngineFactory, EngineWorker
-from engine.server.engine_process import EngineProcess, pid_of
 from engine.server.front_door import FrontDoor, Post
 from engine.server.health import Health, HealthBoard, Status
 from engine.server.frame_rate import BYTE_BURST, BYTES_PER_S, FRAME_BURST, FRAMES_PER_S, RateLimit
 from engine.server.hub import HubLimits
 from engine.server.mailbox import Shutdown
-from engine.server.memory_hygiene import freeze_heap
 from engine.server.prom import ServerMetrics
 from engine.server.request_book import MAX_N
 from engine.server.security import BindRefused, check_allowed_hosts, check_bind
@@ -74,10 +74,6 @@ class ServerOptions:
     redact_tokens: bool = False  # watchers get no token ids (engine.events.redact)
     ping_interval: float | None = 20.0
     engine_factory: EngineFactory | None = None  # tests: control how (and when) the engine loads
-    # The engine in a process of its own (engine.server.engine_process; kvscope serve's
-    # default), so the loop and the recorder never hold its GIL. False: a thread of this
-    # process (what tests and embedders reach into: ``server.worker.engine``).
-    engine_process: bool = False
     # vLLM's --served-model-name: the names the API answers to; the first labels the
     # metrics (model_name). Empty: the model's name (--model), as in vLLM.
     served_model_name: tuple[str, ...] = ()
@@ -95,8 +91,6 @@ class ServerOptions:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.rate_limit()  # raises on a bad rate
-        if self.engine_process and self.engine_factory is not None:
-            raise ValueError("engine_factory runs in this process; it cannot be used with engine_process")
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port!r}")
         check_bind(self.host, self.allow_remote, self.token)
@@ -146,7 +140,7 @@ class KVScopeServer(FrontDoor):
         self.options = options
         self.metrics.watch_config(lambda: self.board.current.config)
         self.metrics.watch_faults(lambda: self.board.faults)
-        self.worker: EngineWorker | EngineProcess | None = None
+        self.worker: EngineWorker | None = None
         self.desk = ApiDesk(self.mailbox, self.hub.workers, lambda: self.hub.prep, self._engine_alive)
 
     @property
@@ -172,7 +166,7 @@ class KVScopeServer(FrontDoor):
 
     def _engine_alive(self) -> bool:
         w = self.worker
-        return w is not None and (w.is_alive() or self.board.current.status is Status.LOADING)
+        return w is not None and (w.alive() or self.board.current.status is Status.LOADING)
 
     def _routes(self) -> list[BaseRoute]:
         opts = self.options
@@ -187,19 +181,15 @@ class KVScopeServer(FrontDoor):
 
     def _extra_health(self) -> dict[str, Any]:
         return {"api_calls": len(self.desk.exchanges), "served_model_name": self.options.model_name,
-                "engine": {"process": self.options.engine_process, "pid": pid_of(self.worker)}}
+                "engine": {"process": self.options.engine.engine_core_process, "pid": self._core_pid()}}
+
+    def _core_pid(self) -> int:
+        """The engine core's process id: its own process's, or this one's."""
+        engine = self.worker.engine if self.worker is not None else None
+        return (engine.core.pid if engine is not None else None) or os.getpid()
 
     def _start_work(self, post: Post) -> None:
         opts = self.options
-        if opts.engine_process:
-            self.worker = EngineProcess(opts.engine, post, self.mailbox, self.board, self.recorder,
-                                        opts.label, opts.max_in_flight_per_conn, opts.limits(),
-                                        client_restart=opts.client_restart)
-            self.worker.start()
-            # This process now only serves: its loaded heap (torch, uvicorn) is frozen, so
-            # full collections do not walk it (memory_hygiene; the child freezes its own).
-            freeze_heap()
-            return
         self.worker = EngineWorker(opts.engine, post, self.mailbox, self.board, self.recorder,
                                    opts.label, opts.max_in_flight_per_conn, opts.limits(),
                                    opts.engine_factory, client_restart=opts.client_restart)
@@ -213,8 +203,7 @@ class KVScopeServer(FrontDoor):
             self.mailbox.send_lifecycle(None, Shutdown())
             if self.board.current.status is not Status.LOADING:
                 await asyncio.to_thread(worker.join, 30.0)
-            elif isinstance(worker, EngineProcess):  # still loading: no run to finish
-                await asyncio.to_thread(worker.kill)
+            elif self.options.engine.engine_core_process:  # loading: the core's process is killed
                 await asyncio.to_thread(worker.join, 10.0)
 
 

@@ -16,9 +16,24 @@ from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT
 from engine.server.frame_rate import BYTES_PER_S, FRAME_BURST, FRAMES_PER_S
 from engine.server.security import TOKEN_ENV
 
-# serve's --fair-ratio: a heavy client takes at most twice the lightest client's part of a
-# step (bench/RESULTS.md, "Soak": the ratio against good clients' p99 and what a flood got done)
-FAIR_RATIO = 2
+# Where serve's engine defaults differ from the library's (EngineConfig), and why; the one
+# list, printed at every start (``serve_differences``). A server is shared: no client
+# starves another, nor sets another's pace, nor holds the engine's GIL.
+SERVE_DEFAULTS: dict[str, tuple[object, str]] = {
+    "scheduling_policy": ("fair", "each client at work gets an equal part of every step"),
+    # a heavy client takes at most twice the lightest client's part of a step (bench/RESULTS.md,
+    # "Soak": the ratio against good clients' p99 and what a flood got done)
+    "fair_ratio": (2, "a client's part of a step is at most 2x what the lightest client could use"),
+    "engine_core_process": (True, "the engine core runs in a process of its own "
+                                  "(--engine-core-in-process keeps it in the server's)"),
+}
+
+
+def serve_differences(cfg) -> list[str]:
+    """``name=value (why)`` for each of serve's defaults that differs from the library's and
+    is in effect in ``cfg``."""
+    return [f"{name}={value!r} ({why})" for name, (value, why) in SERVE_DEFAULTS.items()
+            if getattr(cfg, name) == value]
 
 
 def add_allowed_host_arg(g) -> None:
@@ -39,8 +54,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                                    "/v1/completions, /v1/chat/completions), /healthz and "
                                    "/metrics on the same port.")
     add_engine_args(p)
-    # A server is shared: no client starves another, nor sets another's pace.
-    p.set_defaults(scheduling_policy="fair", fair_ratio=FAIR_RATIO)
+    p.set_defaults(**{name: value for name, (value, _) in SERVE_DEFAULTS.items()})
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
                    help=f"bind address; anything but loopback needs --allow-remote and {TOKEN_ENV}")
@@ -82,10 +96,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="unsent bytes per connection before it is closed as not reading (1008)")
     g.add_argument("--step-buffer", type=int, default=256,
                    help="unsent step messages per client before they are dropped (client resyncs)")
-    g.add_argument("--engine-thread", dest="engine_process", action="store_false",
-                   help="run the engine as a thread of the server's process instead of a process of "
-                        "its own (the default; the thread then shares the GIL with every client's "
-                        "frames: bench/RESULTS.md, 'Soak')")
+    g.add_argument("--engine-core-in-process", dest="engine_core_process", action="store_false",
+                   help="run the engine core (scheduler, model) in the server's process instead of "
+                        "a process of its own (the default; in one process every forward shares "
+                        "the GIL with every client's frames: bench/RESULTS.md, 'Soak')")
     g.add_argument("--kv-events-config", default=None, metavar="JSON",
                    help="publish KV cache events in vLLM's format, e.g. '{\"enable_kv_cache_events\": "
                         "true, \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
@@ -127,8 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              max_frames_per_s=args.max_frames_per_s,
                              max_inbound_bytes_per_s=args.max_inbound_bytes_per_s,
                              served_model_name=tuple(args.served_model_name or ()),
-                             allowed_hosts=tuple(args.allowed_hosts),
-                             engine_process=args.engine_process)
+                             allowed_hosts=tuple(args.allowed_hosts))
     except (BindRefused, KVScopeError, ValueError) as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2
@@ -137,6 +150,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def announce() -> None:
         print(f"kvscope: serving {server.url} (OpenAI API at {server.http_url}; model {cfg.model} "
               f"loading; GET /healthz for status)", flush=True)
+        for line in serve_differences(cfg):
+            print(f"kvscope: serve's default, not the library's: {line}", flush=True)
 
     server.on_bound = announce
     try:

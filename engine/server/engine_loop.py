@@ -1,10 +1,11 @@
 """EngineWorker: the one thread that owns the LLMEngine.
 
-``kvscope serve`` runs it as the main thread of a process of its own
-(``engine.server.engine_process``: its mailbox, post, board and recorder are stand-ins
-that cross two pipes); embedded servers and tests run it as a thread of theirs.
+Every server runs it as a thread of its own process; where the engine's core runs
+(in this process, or in a child: ``EngineConfig.engine_core_process``, ``kvscope
+serve``'s default) is the engine's business (``engine.engine_core.client``), not this
+thread's: it only waits on the core's answers.
 
-It loads the model, then loops: take letters from the mailbox (blocking only
+It starts the engine (the core loads the model), then loops: take letters from the mailbox (blocking only
 when the engine has nothing to do, so an idle server sends no steps and burns no
 CPU), execute their commands, step while there is work (unfinished requests or
 events not yet published), and hand the results to the event loop as one batch
@@ -19,12 +20,17 @@ Snapshots are taken only when no events are pending (right after a step, or when
 nothing happened since), so ``snapshot.seq`` is exact: the state equals the fold
 of every step message up to ``seq`` and none after.
 
+A core in a child of its own that dies (killed, crashed) ends this thread: the board
+says ``error`` with the child's exit code, the run is finished, and the API answers
+503 (``alive``). An idle worker looks at the child every ``IDLE_CHECK_S``.
+
 Writer of: the engine, the RequestBook, the run in the recorder and the health
 board. Nothing else touches them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -32,9 +38,11 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.core import (
-    EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, RequestStatus,
-    SamplingParamsError,
+    EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError,
 )
+from engine.engine_core.client import CoreDied, LoadStopped
+from engine.engine_core.memory_hygiene import Trimmer, freeze_heap
+from engine.engine_core.restart import RestartLimits
 from engine.events.step import StepRecord
 from engine.events.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
@@ -42,17 +50,14 @@ from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Hello, Ok, Snapshot
 from engine.protocol.ops import Abort, AbortAll, ResetPrefixCache, Restart, Submit, TakeSnapshot
-from engine.server.engine_restart import RestartLimits, rebuild_engine
 from engine.server.health import Health, HealthBoard, ProgressCapture, Status
 from engine.server.mailbox import (
     Attach, Delivery, Detach, Letter, Mailbox, NewRun, Prepared, Reply, Shutdown, StepOut,
 )
-from engine.server.memory_hygiene import Trimmer, bound_cpu_shape_caches, freeze_heap
 from engine.server.output_messages import finished_fields
 from engine.server.prompt_prep import PromptPrep
 from engine.server.request_book import MAX_N, RequestBook
 from engine.server.sink import Sink, SinkItem
-from engine.startup import build_engine
 from engine.store.db import new_run_id
 
 log = logging.getLogger("kvscope.server")
@@ -60,6 +65,7 @@ log = logging.getLogger("kvscope.server")
 Post = Callable[[list[Delivery]], None]
 EngineFactory = Callable[[EngineConfig], LLMEngine]
 MAX_LETTERS_PER_ITERATION = 256  # under a flood of ops, still step between batches
+IDLE_CHECK_S = 0.5  # how often an idle worker looks whether its core's process is alive
 
 
 class EngineWorker(threading.Thread):
@@ -76,7 +82,7 @@ class EngineWorker(threading.Thread):
         self.recorder = recorder
         self.label = label
         self.limits = dict(limits or {})
-        self.engine_factory = engine_factory or build_engine
+        self.engine_factory = engine_factory
         self.engine: LLMEngine | None = None
         self.run_id: str | None = None
         self.book = RequestBook(max_in_flight_per_sink, max_n)
@@ -96,10 +102,11 @@ class EngineWorker(threading.Thread):
     # ---- lifecycle ---------------------------------------------------------------
 
     def run(self) -> None:
-        bound_cpu_shape_caches()  # before the model's first op (memory_hygiene)
         try:
             with ProgressCapture(self.board):
-                engine = self.engine_factory(self.config)
+                engine = self._start_engine()
+        except LoadStopped:
+            return
         except BaseException as exc:  # any load failure is reported, never raised into a void
             log.error("kvscope: loading %s failed: %s", self.config.model, exc)
             self.board.set(Health(Status.ERROR, f"{type(exc).__name__}: {exc}", model=self.config.model))
@@ -116,11 +123,25 @@ class EngineWorker(threading.Thread):
         self.flush()
         try:
             self._serve()
+        except CoreDied as exc:
+            log.error("kvscope: %s", exc)
+            self.board.set(Health(Status.ERROR, str(exc), self.run_id, self.engine.model_name))
+            self._finish_run()
         except BaseException:
             log.exception("kvscope: the engine thread crashed")
             self.board.set(Health(Status.ERROR, "the engine thread crashed; see the server log"))
             self._finish_run()
             raise
+
+    def _start_engine(self) -> LLMEngine:
+        if self.engine_factory is not None:
+            return self.engine_factory(self.config)
+        return LLMEngine.from_config(self.config, progress=self.board.note,
+                                     should_stop=self.stop_requested.is_set)
+
+    def alive(self) -> bool:
+        """The worker runs and its core can answer (a core's process may have died)."""
+        return self.is_alive() and (self.engine is None or self.engine.core.alive())
 
     def _drain_until_shutdown(self) -> None:
         while not any(isinstance(letter.command, Shutdown) for letter in self.mailbox.take(True, 1 << 30)):
@@ -130,12 +151,12 @@ class EngineWorker(threading.Thread):
         """Start a run on ``engine``; every subscriber is told (hello + empty snapshot)."""
         self.engine = engine
         if self.restart_limits is None:
-            self.restart_limits = RestartLimits.of(engine)
+            self.restart_limits = RestartLimits.of(engine.info)
         self._last_seq = -1
         self.book.new_run()
         config = engine.describe()
         if self.recorder is not None:
-            self.run_id = self.recorder.start_run(config, model=engine.spec.name, label=self.label)
+            self.run_id = self.recorder.start_run(config, model=engine.model_name, label=self.label)
             run_id, rec = self.run_id, self.recorder
             engine.step_listeners.append(lambda r: rec.record_step(r, run_id))
         else:  # not recorded, but a new run still needs a new id (clients key on it)
@@ -146,7 +167,7 @@ class EngineWorker(threading.Thread):
         # on (a restart's old engine, no longer referenced, is collected first).
         self.frozen_objects = freeze_heap()
         self._out.append(NewRun(self._hello(), Snapshot(-1, engine.snapshot(), {}), self.prep))
-        self.board.set(Health(Status.READY, "ready", self.run_id, engine.spec.name, config))
+        self.board.set(Health(Status.READY, "ready", self.run_id, engine.model_name, config))
         log.info("kvscope: engine ready (run %s, %d blocks x %d tokens)", self.run_id,
                  config["num_blocks"], config["block_size"])
 
@@ -167,7 +188,10 @@ class EngineWorker(threading.Thread):
     def _serve(self) -> None:
         while True:
             idle = not self._busy() and not self._want_snapshot
-            for letter in self.mailbox.take(idle, MAX_LETTERS_PER_ITERATION):
+            letters = self.mailbox.take(idle, MAX_LETTERS_PER_ITERATION, IDLE_CHECK_S)
+            if idle and not letters and not self.engine.core.alive():
+                raise CoreDied(self.engine.core.process.exitcode)
+            for letter in letters:
                 if isinstance(letter.command, Shutdown):
                     self._shutdown()
                     return
@@ -178,11 +202,6 @@ class EngineWorker(threading.Thread):
             self.flush()
             self.trimmer.tick()
 
-    def emit(self, item: Any) -> None:
-        """Queue ``item`` with this iteration's deliveries, in order (an engine process's
-        recorder calls travel this way: ``engine_process.RecorderProxy``)."""
-        self._out.append(item)
-
     def flush(self) -> None:
         """Post what this iteration queued, as one batch."""
         if self._out:
@@ -190,13 +209,13 @@ class EngineWorker(threading.Thread):
             self.post(batch)
 
     def _step(self) -> None:
-        try:
-            outputs = self.engine.step()
-        except Exception as exc:  # a fault outside the forward: fail the running requests
-            self._fail_step(exc)
-            return
+        """One engine step. Where part of it failed (``last_fault``: the core failed the
+        requests whose own forward raised, or every request a step that raised held,
+        ``engine.engine_core.core``), each failed request's submitter gets ``error``
+        (internal) and then its ``finished`` (abort), and the engine keeps serving."""
+        outputs = self.engine.step()
         fault = self.engine.last_fault
-        if fault is not None:  # the forward raised; the engine failed only its culprits
+        if fault is not None:
             for f in fault.failures:
                 self._tell_failed(f.request_id, f.detail)
             self.board.note_step_failure(fault.detail, len(fault.failures))
@@ -210,47 +229,6 @@ class EngineWorker(threading.Thread):
             # no op: this answers no op (its submit was accepted); its finished follows
             self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this "
                                           f"request failed ({detail}); the request was aborted", rid))
-
-    def _fail_step(self, exc: Exception) -> None:
-        """A step raised outside its forward (a forward that raises is isolated by the
-        engine itself, ``engine.step_isolation``): fail the requests it held, so the next
-        step can run.
-
-        Which requests: the scheduler's ``running`` list after the failed step, that is
-        every request the step scheduled (``schedule()`` moves the waiting ones it admits
-        there) plus any running one the token budget left out of this step (the failed
-        step cannot say which ran; failing one request too many is the safe side). With
-        nothing running, the fault came before admission, so the head of ``waiting`` is
-        failed. Each failed request's submitter gets ``error`` (internal) and then its
-        ``finished`` (abort); a request the engine only half-entered (in the scheduler,
-        with no output state: issue 17's seed of 2**64) is removed from the scheduler.
-        Every failed step removes at least one request, so a poisoned request cannot
-        fail step after step. Blocks hashed for K/V the step never wrote lose their hash
-        (a prefix hit on them would read garbage). A fault with no request to blame (in
-        publishing) cannot be isolated: it is raised, and the server reports the error.
-        """
-        engine = self.engine
-        sched = engine.scheduler
-        held = list(sched.running) or list(sched.waiting)[:1]
-        if not held:
-            raise exc
-        sched.kv.uncache_uncomputed()  # idempotent: a fault after the forward finds nothing to undo
-        batch = [r.request_id for r in held]
-        rids = list(dict.fromkeys(r.parent_id or r.request_id for r in held))  # a fork's samples: one request
-        detail = f"{type(exc).__name__}: {exc}"
-        log.error("kvscope: engine step failed (%s); failing its %d request(s) %s",
-                  detail, len(rids), rids[:8], exc_info=exc)
-        for rid in rids:
-            self._tell_failed(rid, detail)
-            try:
-                self._abort(rid)
-            except Exception:
-                log.exception("kvscope: aborting %s after a failed step failed", rid)
-                self.book.release(rid)
-        for core_id in batch:  # anything abort_request could not reach (no output state)
-            if core_id in sched.requests:
-                sched.finish_request(core_id, RequestStatus.FINISHED_ABORTED)
-        self.board.note_step_failure(detail, len(rids))
 
     # ---- commands ---------------------------------------------------------------------
 
@@ -379,16 +357,12 @@ class EngineWorker(threading.Thread):
                                     "client restarts (kvscope serve --no-client-restart)", op=cmd.type))
             return
         old = self.engine
-        try:
-            new = rebuild_engine(old, cmd.engine, self.restart_limits)
+        try:  # every request is aborted, its finished delivered, the old run's last step published
+            new = old.restart(cmd.engine, dataclasses.asdict(self.restart_limits), self._deliver)
         except (KVScopeError, TypeError, ValueError) as exc:
             self._reply(sink, Error(ErrorCode.BAD_CONFIG, str(exc), op=cmd.type))
             return
-        self._abort_all()
-        if old.has_pending_events():
-            self._step()  # publish the aborts into the old run before it ends
         self._finish_run()
-        old.hand_over_kv_events()
         old_run = self.run_id
         self._want_snapshot = [w for w in self._want_snapshot if isinstance(w.command, Attach)]
         del old  # self.engine is the last reference: _install drops it before it freezes
@@ -396,7 +370,7 @@ class EngineWorker(threading.Thread):
         self._reply(sink, Ok(cmd.type, {"run_id": self.run_id, "previous_run_id": old_run}))
 
     def _shutdown(self) -> None:
-        self.board.set(Health(Status.STOPPING, "shutting down", self.run_id, self.engine.spec.name))
+        self.board.set(Health(Status.STOPPING, "shutting down", self.run_id, self.engine.model_name))
         self._abort_all()
         if self.engine.has_pending_events():
             self._step()

@@ -102,11 +102,12 @@ class Mailbox:
     def send_lifecycle(self, sink: Sink | None, command: Lifecycle) -> None:
         self._q.put(Letter(sink, command))
 
-    def take(self, block: bool, limit: int) -> list[Letter]:
-        """Up to ``limit`` letters; waits for the first one only when ``block``."""
+    def take(self, block: bool, limit: int, timeout: float | None = None) -> list[Letter]:
+        """Up to ``limit`` letters; waits for the first one only when ``block`` (at most
+        ``timeout`` seconds, when given: then it may return none)."""
         out: list[Letter] = []
         try:
-            out.append(self._q.get() if block else self._q.get_nowait())
+            out.append(self._q.get(timeout=timeout) if block else self._q.get_nowait())
             while len(out) < limit:
                 out.append(self._q.get_nowait())
         except queue.Empty:

@@ -32,9 +32,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from engine.core.errors import KVScopeError
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.ops import Submit
 from engine.server.mailbox import Prepared
+from engine.tokenizer import tokenize_prompt
 
 CHAT_ROLES = ("system", "user", "assistant")
 NORMALIZER_SLACK = 4  # a normalizer may shrink text; how much looser the byte bound is then
@@ -55,10 +57,10 @@ class PromptPrep:
     def of(cls, engine: Any, previous: PromptPrep | None = None) -> PromptPrep:
         """The prep for ``engine`` (on the engine thread); a restart reuses the previous
         one's tokenizer copy and byte figure when the tokenizer is the same."""
-        max_len, source = engine.scheduler_config.max_model_len, engine.tokenizer
+        max_len, source = engine.max_model_len, engine.tokenizer
         if previous is not None and previous.source is source:
             return cls(previous.tokenizer, previous.vocab_size, max_len, previous.max_token_bytes, source)
-        return cls(copy.deepcopy(source), engine.spec.vocab_size, max_len, source=source)
+        return cls(copy.deepcopy(source), engine.info.vocab_size, max_len, source=source)
 
     @property
     def max_prompt_bytes(self) -> int:
@@ -109,17 +111,10 @@ class PromptPrep:
         return Prepared(op, text, ids)
 
     def _tokenize(self, op: Submit) -> tuple[str | None, list[int]]:
-        tok = self.tokenizer
-        if op.messages is not None:
-            text = tok.apply_chat_template(op.messages, tokenize=False, add_generation_prompt=True)
-            return text, tok.encode(text, add_special_tokens=False)
-        if isinstance(op.prompt, str):
-            return op.prompt, tok.encode(op.prompt)
-        bad = [t for t in op.prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"token ids out of the vocabulary "
-                                f"(0..{self.vocab_size - 1}): {bad[:5]}", op.request_id, op.type)
-        return None, list(op.prompt)
+        try:
+            return tokenize_prompt(self.tokenizer, self.vocab_size, op.prompt, op.messages)
+        except KVScopeError as exc:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, str(exc), op.request_id, op.type) from None
 
 
 def longest_token_bytes(tokenizer: Any) -> int:

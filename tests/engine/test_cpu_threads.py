@@ -208,10 +208,10 @@ def test_each_step_of_a_cpu_engine_drives_its_governor(tiny_llama, clean_env):
     from engine.startup import build_engine
 
     fixed = build_engine(EngineConfig(model=tiny_llama, num_threads=1, num_kv_blocks=32))
-    assert fixed.core_governor is None  # an explicit count is never adjusted
+    assert fixed.engine_core.governor is None  # an explicit count is never adjusted
     engine = build_engine(EngineConfig(model=tiny_llama, num_kv_blocks=32))
     if cpu_threads.usable_cores() < 2:
-        assert engine.core_governor is None
+        assert engine.engine_core.governor is None
         return
     calls = []
 
@@ -222,7 +222,7 @@ def test_each_step_of_a_cpu_engine_drives_its_governor(tiny_llama, clean_env):
         def stepped(self):
             calls.append("stepped")
 
-    engine.core_governor = Spy()
+    engine.engine_core.governor = Spy()
     engine.add_request(prompt=[1, 2, 3], params=SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
     n = 0
     while engine.has_unfinished_requests():

@@ -64,8 +64,8 @@ def _pressure(eng, monkeypatch):
         raise RuntimeError("device lost")
 
     with monkeypatch.context() as m:
-        m.setattr(eng.runner, "execute", broken)
-        (failed,) = eng.step()  # alone in its step: failed by the engine (engine.step_isolation)
+        m.setattr(eng.engine_core.runner, "execute", broken)
+        (failed,) = eng.step()  # alone in its step: failed by the engine (engine.engine_core.step_isolation)
     assert failed.request_id == "doomed" and failed.outputs[0].finish_reason == "abort"
     eng.add_request(system + [7, 8], SamplingParams(temperature=0, max_tokens=3))
     while eng.has_unfinished_requests():

@@ -42,7 +42,7 @@ def test_a_stop_string_finishes_at_the_next_schedule_and_frees_its_blocks(tiny_l
     eng.step_listeners.append(records.append)
     eng.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]),
                     request_id="s")
-    free_before = eng.scheduler.kv.pool.num_free
+    free_before = eng.engine_core.scheduler.kv.pool.num_free
     while True:
         (out,) = eng.step()
         if out.finished:
@@ -50,16 +50,16 @@ def test_a_stop_string_finishes_at_the_next_schedule_and_frees_its_blocks(tiny_l
     c = out.outputs[0]
     assert (c.finish_reason, c.stop_reason, c.text) == ("stop", stop, text[:5])
     # the user's output is final, but the core still holds the request until it schedules
-    assert eng.scheduler.requests["s"].status.value == "running"
-    assert eng.scheduler.kv.block_ids("s") and eng.has_unfinished_requests()
+    assert eng.engine_core.scheduler.requests["s"].status.value == "running"
+    assert eng.engine_core.scheduler.kv.block_ids("s") and eng.has_unfinished_requests()
     assert not any(e.type == "request_finished" for e in records[-1].events)
     assert eng.step() == []  # the next schedule applies the finish; nothing is computed
     finished = [e for e in records[-1].events if e.type == "request_finished"]
     assert [(e.request_id, e.reason) for e in finished] == [("s", "stop")]
     assert not [e for e in records[-1].events if e.type == "request_scheduled"]
-    assert eng.scheduler.kv.block_ids("s") == [] and not eng.has_unfinished_requests()
-    assert eng.scheduler.kv.pool.num_free == free_before
-    assert "s" not in eng.runner.requests  # the same schedule told the runner to drop it
+    assert eng.engine_core.scheduler.kv.block_ids("s") == [] and not eng.has_unfinished_requests()
+    assert eng.engine_core.scheduler.kv.pool.num_free == free_before
+    assert "s" not in eng.engine_core.runner.requests  # the same schedule told the runner to drop it
 
 
 def test_fork_identity_is_parent_and_sample_index(tiny_llama):
@@ -68,14 +68,14 @@ def test_fork_identity_is_parent_and_sample_index(tiny_llama):
     eng.step_listeners.append(records.append)
     eng.add_request(PROMPT, SamplingParams(temperature=1.0, n=3, max_tokens=4, seed=5), request_id="f")
     eng.step()  # prefill + fork
-    children = {rid: r for rid, r in eng.scheduler.requests.items() if r.parent_id is not None}
+    children = {rid: r for rid, r in eng.engine_core.scheduler.requests.items() if r.parent_id is not None}
     assert sorted((r.parent_id, r.sample_index) for r in children.values()) == [("f", 1), ("f", 2)]
     assert sorted(children) == [child_request_id("f", 1), child_request_id("f", 2)]
-    root = eng.scheduler.requests["f"]
+    root = eng.engine_core.scheduler.requests["f"]
     assert (root.parent_id, root.sample_index) == (None, 0)
     # seeds: the parent's plus the sample index; each sample has its own generator
     assert [children[child_request_id("f", k)].seed for k in (1, 2)] == [6, 7]
-    gens = [eng.runner.requests[rid].generator for rid in ("f", *sorted(children))]
+    gens = [eng.engine_core.runner.requests[rid].generator for rid in ("f", *sorted(children))]
     assert len({id(g) for g in gens}) == 3 and [g.initial_seed() for g in gens] == [5, 6, 7]
     forked = [e for e in records[-1].events if isinstance(e, event_types.RequestForked)]
     assert [(e.request_id, e.parent_id) for e in forked] == [(child_request_id("f", k), "f") for k in (1, 2)]
@@ -91,20 +91,20 @@ def test_the_runner_keeps_sampling_state_until_the_scheduler_says_finished(tiny_
     eng = _engine(tiny_llama)
     eng.add_request(PROMPT, SamplingParams(temperature=0.8, max_tokens=2, seed=1), request_id="short")
     eng.add_request(PROMPT[:7], SamplingParams(temperature=0, max_tokens=6), request_id="long")
-    assert eng.runner.requests == {}  # nothing reaches the runner before it is scheduled
+    assert eng.engine_core.runner.requests == {}  # nothing reaches the runner before it is scheduled
     eng.step()
-    assert set(eng.runner.requests) == {"short", "long"}
-    assert eng.runner.requests["long"].generator is None  # greedy: no generator
-    assert eng.runner.requests["short"].generator.initial_seed() == 1
+    assert set(eng.engine_core.runner.requests) == {"short", "long"}
+    assert eng.engine_core.runner.requests["long"].generator is None  # greedy: no generator
+    assert eng.engine_core.runner.requests["short"].generator.initial_seed() == 1
     eng.step()  # "short" samples its 2nd token and finishes in the core
-    assert "short" not in eng.scheduler.requests and "short" in eng.runner.requests
-    out = eng.scheduler.schedule()
+    assert "short" not in eng.engine_core.scheduler.requests and "short" in eng.engine_core.runner.requests
+    out = eng.engine_core.scheduler.schedule()
     assert out.finished_request_ids == ["short"] and out.new_requests == []
-    eng.scheduler.update_from_output(out, eng.runner.execute(out))
-    assert set(eng.runner.requests) == {"long"}
+    eng.engine_core.scheduler.update_from_output(out, eng.engine_core.runner.execute(out))
+    assert set(eng.engine_core.runner.requests) == {"long"}
     eng.abort_request("long")
     eng.step()
-    assert eng.runner.requests == {}
+    assert eng.engine_core.runner.requests == {}
 
 
 def test_admission_is_atomic_and_a_bad_seed_is_refused_at_the_boundary(tiny_llama):
@@ -118,7 +118,7 @@ def test_admission_is_atomic_and_a_bad_seed_is_refused_at_the_boundary(tiny_llam
         eng.add_request("hi", SamplingParams(temperature=1, top_k=2**63), request_id="k")
     with pytest.raises(KVScopeError, match="max_model_len"):
         eng.add_request(list(range(3, 120)), SamplingParams(max_tokens=1), request_id="long")
-    assert not eng.scheduler.requests and not eng.output_processor.requests
+    assert not eng.engine_core.scheduler.requests and not eng.output_processor.requests
     # the same ids are free, and the largest seed with n=2 wraps instead of overflowing
     eng.add_request("hi", SamplingParams(temperature=1, seed=2**64 - 1, n=2, max_tokens=3), request_id="k")
     eng.add_request("hi", SamplingParams(temperature=0, max_tokens=3), request_id="long")
@@ -156,7 +156,7 @@ def test_one_step_clock(tiny_llama):
     assert [r.seq for r in records] == list(range(len(records)))
     assert [r.step for r in records] == [r.seq + 1 for r in records]
     assert all(e.step == r.step for r in records for e in r.events)
-    assert eng.scheduler.step == records[-1].step and eng.snapshot().step == records[-1].step
+    assert eng.engine_core.scheduler.step == records[-1].step and eng.snapshot().step == records[-1].step
 
 
 def test_the_attention_plan_is_built_once_per_step(tiny_llama, monkeypatch):
@@ -166,7 +166,7 @@ def test_the_attention_plan_is_built_once_per_step(tiny_llama, monkeypatch):
     real = attention.build_plan
     monkeypatch.setattr(attention, "build_plan", lambda *a: calls.append(1) or real(*a))
     eng = _engine(tiny_llama)
-    assert eng.spec.num_layers > 1
+    assert eng.engine_core.parts.loaded.spec.num_layers > 1
     eng.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=4))
     eng.add_request(PROMPT[:5], SamplingParams(temperature=0, max_tokens=4))
     steps = 0
@@ -228,13 +228,13 @@ def test_streamed_deltas_concatenate_to_the_final_text(tiny_llama):
 def test_the_default_cpu_pool_is_capped_at_max_num_seqs_full_sequences(tiny_llama, caplog):
     with caplog.at_level(logging.INFO, logger="engine.startup"):
         eng = build_engine(EngineConfig(model=tiny_llama, block_size=4, max_model_len=64, max_num_seqs=8))
-    per_block = eng.parts.kv_bytes_per_block
+    per_block = eng.engine_core.parts.kv_bytes_per_block
     assert DEFAULT_CPU_KV_BYTES // per_block > 100_000  # the uncapped 1 GiB pool of a tiny model
-    assert eng.cache_config.num_blocks == 8 * 64 // 4 == 128
+    assert eng.engine_core.parts.cache_config.num_blocks == 8 * 64 // 4 == 128
     assert "maximum concurrency for 64 tokens per request: 8.00x" in caplog.text
     assert "capped at what max_num_seqs=8 full-length sequences use" in caplog.text
     # a model whose 1 GiB pool is smaller than that keeps the 1 GiB pool
     assert default_cpu_blocks(737_280, 16, 2048, 64) == DEFAULT_CPU_KV_BYTES // 737_280 == 1456
     # an explicit size is never capped
-    assert _engine(tiny_llama, num_kv_blocks=300, max_num_seqs=1).cache_config.num_blocks == 300
+    assert _engine(tiny_llama, num_kv_blocks=300, max_num_seqs=1).engine_core.parts.cache_config.num_blocks == 300
 

@@ -127,7 +127,7 @@ def test_kv_budget_too_small_says_what_to_change(tiny_llama):
 def test_float16_on_cpu_falls_back_with_warning(tiny_llama, caplog):
     with caplog.at_level(logging.WARNING):
         llm = LLM(model=tiny_llama, dtype="float16", num_kv_blocks=64, max_model_len=64)
-    assert "float32" in str(llm.engine.parts.loaded.dtype)
+    assert "float32" in str(llm.engine.engine_core.parts.loaded.dtype)
     assert any("float32" in r.getMessage() for r in caplog.records)
 
 
@@ -148,11 +148,11 @@ def test_a_failed_forward_leaves_no_hash_on_blocks_it_never_wrote(tiny_llama, mo
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(eng.runner, "execute", broken)
-    (failed,) = eng.step()  # alone in its step: the engine fails it (engine.step_isolation)
+    monkeypatch.setattr(eng.engine_core.runner, "execute", broken)
+    (failed,) = eng.step()  # alone in its step: the engine fails it (engine.engine_core.step_isolation)
     assert (failed.request_id, failed.finished, failed.outputs[0].finish_reason) == ("doomed", True, "abort")
     assert [(f.request_id, f.detail) for f in eng.last_fault.failures] == [("doomed", "RuntimeError: device lost")]
-    assert not eng.scheduler.kv.pool.cached  # the 4 full prompt blocks lost their hashes
+    assert not eng.engine_core.scheduler.kv.pool.cached  # the 4 full prompt blocks lost their hashes
     assert not eng.has_unfinished_requests()
     monkeypatch.undo()
     out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2))

@@ -11,7 +11,6 @@ from engine.core import ConfigError, child_request_id
 from engine.events.reducer import PoolState
 from engine.events.step import StepRecord
 from engine.protocol import Restart
-from engine.server.engine_restart import rebuild_engine
 from engine.startup import build_engine
 
 PROMPT = list(range(40, 58))  # 18 tokens: 4 full blocks of 4 and 2 tokens in a fifth
@@ -59,7 +58,7 @@ def test_prefix_cache_block_ids_and_ref_counts(tiny_llama):
     records = []
     eng.step_listeners.append(records.append)
     eng.add_request(PROMPT, SamplingParams(temperature=1.0, n=3, max_tokens=4, seed=5), request_id="f")
-    assert sorted(eng.scheduler.requests) == ["f", "f#1", "f#2"]  # entered as three requests
+    assert sorted(eng.engine_core.scheduler.requests) == ["f", "f#1", "f#2"]  # entered as three requests
     eng.step()  # f computes 18 tokens; f#1 and f#2 hit its 4 full blocks, compute 2 each
     assert _tables(eng, "f", 3) == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 5], [0, 1, 2, 3, 6]]
     assert _refs(eng, 8) == [3, 3, 3, 3, 1, 1, 1, 0]
@@ -67,7 +66,7 @@ def test_prefix_cache_block_ids_and_ref_counts(tiny_llama):
                  if e.type == "request_scheduled"}
     assert scheduled == {"f": (0, 18), "f#1": (16, 2), "f#2": (16, 2)}
     # seeds: the parent's plus the sample index, as the cow children get
-    gens = [eng.runner.requests[r].generator.initial_seed() for r in ("f", "f#1", "f#2")]
+    gens = [eng.engine_core.runner.requests[r].generator.initial_seed() for r in ("f", "f#1", "f#2")]
     assert gens == [5, 6, 7]
     eng.step()
     assert _tables(eng, "f", 3) == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 5], [0, 1, 2, 3, 6]]
@@ -75,7 +74,7 @@ def test_prefix_cache_block_ids_and_ref_counts(tiny_llama):
     kinds = {e.type for r in records for e in r.events}
     assert not kinds & {"cow_copy", "request_forked"}
     assert eng.stats()["cow_copies"] == 0 and eng.stats()["prefix_cache_hits"] == 32
-    assert eng.scheduler.kv.pool.num_free == 32
+    assert eng.engine_core.scheduler.kv.pool.num_free == 32
 
 
 @pytest.mark.parametrize("params", [
@@ -108,7 +107,7 @@ def test_abort_finishes_children_that_have_not_run_yet(tiny_llama):
     eng.add_request(PROMPT, SamplingParams(temperature=1.0, n=3, max_tokens=8, seed=1), request_id="b")
     eng.step()
     eng.abort_request("b")
-    assert not eng.has_unfinished_requests() and eng.scheduler.kv.pool.num_free == 32
+    assert not eng.has_unfinished_requests() and eng.engine_core.scheduler.kv.pool.num_free == 32
 
 
 def test_step_records_rebuild_engine_state_in_prefix_cache_mode(tiny_llama):
@@ -144,7 +143,7 @@ def test_n_sharing_is_validated_and_a_restart_can_change_it(tiny_llama):
         EngineConfig(model=tiny_llama, n_sharing="fork")
     assert Restart({"n_sharing": "prefix_cache"}).engine == {"n_sharing": "prefix_cache"}
     old = _engine(tiny_llama, "cow")
-    new = rebuild_engine(old, {"n_sharing": "prefix_cache"})
-    assert new.scheduler.config.n_sharing == "prefix_cache" and new.describe()["n_sharing"] == "prefix_cache"
+    new = old.restart({"n_sharing": "prefix_cache"})
+    assert new.engine_core.scheduler.config.n_sharing == "prefix_cache" and new.describe()["n_sharing"] == "prefix_cache"
     with pytest.raises(ConfigError):
-        rebuild_engine(old, {"n_sharing": "both"})
+        new.restart({"n_sharing": "both"})

@@ -9,7 +9,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from engine.core import EngineCoreOutput, EngineCoreOutputs, SampledToken, SamplingParams, TokenView
+from engine.core import EngineCoreOutput, EngineCoreOutputs, SampledToken, SamplingParams
 from engine.output_processor import OutputProcessor
 from engine.output_processor.detokenizer import FastDetokenizer, SlowDetokenizer
 
@@ -32,7 +32,7 @@ def _run(tokenizer, ids, params, finish="length", rid="r"):
         last = i == len(ids) - 1
         o = EngineCoreOutput(rid, None, 0, SampledToken(t, -0.5 if params.logprobs is not None else None,
                                                            ((t, -0.5),) if params.logprobs else None),
-                             TokenView(out_ids), finish if last else None, None, 3, 0, 0)
+                             finish if last else None, None, 3, 0, 0)
         steps.append(proc.process_outputs(EngineCoreOutputs(i + 1, 0.5, [o]), now=1.0 + i))
         if not proc.has_request(rid):
             break

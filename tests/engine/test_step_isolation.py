@@ -1,5 +1,5 @@
 """A forward that raises fails only the request that makes it raise (issue 17: "If a step
-raises anyway, fail only the requests in that step, not the engine"; engine.step_isolation).
+raises anyway, fail only the requests in that step, not the engine"; engine.engine_core.step_isolation).
 
 Before this (main at b923685) the engine raised, and the server failed every request of
 the step: ``good`` below ended with ``abort``. The fault is injected into the runner: a
@@ -12,7 +12,7 @@ from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.events.pool_state import PoolState
 from engine.startup import build_engine
-from engine.step_isolation import RequestFailure
+from engine.engine_core.step_isolation import RequestFailure
 
 POISON = 250
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -29,7 +29,7 @@ def _engine(tiny_llama, **kw):
 def _poison(eng, when=lambda out: any(POISON in s.token_ids for s in out.scheduled)):
     """Make ``eng``'s forward raise when ``when(scheduler_output)``; returns the refused
     batches (their request ids)."""
-    execute, refused = eng.runner.execute, []
+    execute, refused = eng.engine_core.runner.execute, []
 
     def faulty(out):
         if when(out):
@@ -37,7 +37,7 @@ def _poison(eng, when=lambda out: any(POISON in s.token_ids for s in out.schedul
             raise RuntimeError("injected fault")
         return execute(out)
 
-    eng.runner.execute = faulty
+    eng.engine_core.runner.execute = faulty
     return refused
 
 
@@ -66,7 +66,7 @@ def test_only_the_culprit_fails_and_the_kv_state_stays_exact(tiny_llama):
     eng.add_request(GOOD, GREEDY, request_id="good")
     eng.add_request(BAD, GREEDY, request_id="bad")
     eng.add_request([20, 21, 22], SEEDED, request_id="seeded")  # new in the failed step
-    kv, pool = eng.scheduler.kv, eng.scheduler.kv.pool
+    kv, pool = eng.engine_core.scheduler.kv, eng.engine_core.scheduler.kv.pool
 
     first = eng.step()
     assert refused == [["good", "bad", "seeded"], ["bad"]]  # the batch, then bad alone
@@ -77,12 +77,12 @@ def test_only_the_culprit_fails_and_the_kv_state_stays_exact(tiny_llama):
     assert first[0].outputs[0].finish_reason == "abort" and first[0].outputs[0].token_ids == []
     # blocks: good has 0-2, bad had 3-5 (freed, no hash: never hittable), seeded has 6
     assert kv.block_ids("good") == [0, 1, 2] and kv.block_ids("seeded") == [6]
-    assert "bad" not in kv.tables and "bad" not in eng.scheduler.requests
+    assert "bad" not in kv.tables and "bad" not in eng.engine_core.scheduler.requests
     assert [pool.blocks[i].ref_count for i in range(7)] == [1, 1, 1, 0, 0, 0, 1]
     assert all(b.hash is None for b in pool.blocks) and pool.cached == {}  # the step's hashes rolled back
     assert eng.snapshot().free_queue[:3] == (3, 4, 5)  # bad's, reused first (tail freed first)
-    assert eng.scheduler.requests["good"].num_computed_tokens == 9
-    assert eng.scheduler.requests["seeded"].num_computed_tokens == 3
+    assert eng.engine_core.scheduler.requests["good"].num_computed_tokens == 9
+    assert eng.engine_core.scheduler.requests["seeded"].num_computed_tokens == 3
 
     # a request with good's prompt misses: the rolled-back hashes are not hits
     eng.add_request(GOOD, GREEDY, request_id="twin")
@@ -116,9 +116,9 @@ def test_a_request_reading_a_failed_writers_blocks_fails_with_it(tiny_llama):
     # the reader's own piece never ran: its new tokens hold no poison, yet it failed
     assert refused == [["bystander", "writer", "reader"], ["writer"]]
     assert [o.request_id for o in out if o.finished] == ["writer", "reader"]
-    pool = eng.scheduler.kv.pool
-    assert list(eng.scheduler.requests) == ["bystander"] and pool.cached == {}
-    assert sum(b.ref_count for b in pool.blocks) == len(eng.scheduler.kv.block_ids("bystander")) == 2
+    pool = eng.engine_core.scheduler.kv.pool
+    assert list(eng.engine_core.scheduler.requests) == ["bystander"] and pool.cached == {}
+    assert sum(b.ref_count for b in pool.blocks) == len(eng.engine_core.scheduler.kv.block_ids("bystander")) == 2
     done = _run(eng)
     assert list(done["bystander"].outputs[0].token_ids) == _alone(tiny_llama, [30, 31, 32, 33, 34], GREEDY)
 
@@ -145,21 +145,21 @@ def test_a_forked_request_fails_whole_and_its_siblings_run(tiny_llama):
     eng.add_request([60, 61, 62], GREEDY, request_id="other")
     eng.step()  # prefill + fork
     child = "fork#1"
-    assert child in eng.scheduler.requests
+    assert child in eng.engine_core.scheduler.requests
     refused = _poison(eng, when=lambda out: any(s.request_id == child for s in out.scheduled))
     out = eng.step()
     assert refused == [["fork", child, "other"], [child]]  # the parent's piece ran, the child's raised
     assert eng.last_fault.failures == [RequestFailure("fork", "RuntimeError: injected fault")]
     (final,) = [o for o in out if o.finished]
     assert final.request_id == "fork" and [c.finish_reason for c in final.outputs] == ["abort", "abort"]
-    assert set(eng.scheduler.requests) == {"other"}
+    assert set(eng.engine_core.scheduler.requests) == {"other"}
     assert list(_run(eng)["other"].outputs[0].token_ids) == _alone(tiny_llama, [60, 61, 62], GREEDY)
 
 
 def test_split_step_gives_each_piece_its_own_share():
     from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
     from engine.events.types import ScheduledPhase
-    from engine.step_isolation import split_step
+    from engine.engine_core.step_isolation import split_step
 
     p = SamplingParams()
     a = ScheduledRequest("a", [1, 2, 3, 4, 5], 0, [7, 8], [28, 29, 30, 31, 32], ("a",), ScheduledPhase.PREFILL)

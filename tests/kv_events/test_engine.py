@@ -17,7 +17,7 @@ ENGINE = dict(block_size=4, num_kv_blocks=24, max_model_len=64, max_num_batched_
 
 
 def truth(eng) -> dict[int, tuple[int, ...]]:
-    return {vllm_int(h): b.token_ids for h, b in eng.scheduler.kv.pool.cached.items()}
+    return {vllm_int(h): b.token_ids for h, b in eng.engine_core.scheduler.kv.pool.cached.items()}
 
 
 def workload(seed: int) -> list[tuple[list[int], SamplingParams]]:
@@ -55,8 +55,8 @@ def test_stream_equals_the_engine_cache_after_every_step(tiny_llama):
         assert pub.flush()
         if pub.seq:
             sub.wait_for(pub.seq - 1)
-        assert {h: sub.tokens[h] for h in sub.hashes} == truth(eng), f"step {eng.scheduler.step}"
-        checked.append(eng.scheduler.step)
+        assert {h: sub.tokens[h] for h in sub.hashes} == truth(eng), f"step {eng.engine_core.scheduler.step}"
+        checked.append(eng.engine_core.scheduler.step)
 
     try:
         outputs = run(llm, workload(0), check)
@@ -85,16 +85,16 @@ def test_a_failed_forward_is_stored_then_removed(tiny_llama):
     with LLM(model=tiny_llama, **ENGINE, kv_events_config={
             "enable_kv_cache_events": True, "endpoint": sub.endpoint, "replay_endpoint": replay}) as llm:
         eng = llm.engine
-        real = eng.runner.execute
+        real = eng.engine_core.runner.execute
 
         def broken(*a, **kw):
             raise RuntimeError("device lost")
 
-        eng.runner.execute = broken
+        eng.engine_core.runner.execute = broken
         eng.add_request(list(range(10, 30)), SamplingParams(temperature=0, max_tokens=2))
-        (failed,) = eng.step()  # alone in its step: failed there (engine.step_isolation), and published
+        (failed,) = eng.step()  # alone in its step: failed there (engine.engine_core.step_isolation), and published
         assert (failed.request_id, failed.outputs[0].finish_reason) == ("req-0", "abort")
-        eng.runner.execute = real
+        eng.engine_core.runner.execute = real
         assert not eng.has_unfinished_requests()
         assert eng.kv_events.flush()
         sub.wait_for(eng.kv_events.seq - 1)

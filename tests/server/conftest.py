@@ -2,13 +2,13 @@
 
 Each ``make_server(...)`` starts one in this process (a thread for asyncio, a
 thread for the engine) on the tiny Llama, recording into the test's own SQLite
-file, and stops it when the test ends.
+file, and stops it when the test ends. Its engine core runs as ``kvscope serve``
+runs it, in a process of its own; a test that looks into the core
+(``server.worker.engine.engine_core``) asks for it here with ``core_here=True``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import threading
 
 import pytest
@@ -22,11 +22,8 @@ from tests.tiny_models import tiny_model_dir
 # threads on a shared 2-core box each step costs 10-100x more in thread handoffs.
 torch.set_num_threads(1)
 
-ENGINE = dict(block_size=4, num_kv_blocks=64, max_model_len=64, max_num_batched_tokens=64)
-# KVSCOPE_TEST_ENGINE_PROCESS=1: every server of these tests that can runs its engine in a
-# process of its own (kvscope serve's default; tests/server/test_engine_process.py is the
-# suite's own check of it). Tests that reach into ``server.worker.engine`` need the thread.
-ENGINE_PROCESS = os.environ.get("KVSCOPE_TEST_ENGINE_PROCESS") == "1"
+# num_threads=1 also in the core's own process (this module's set_num_threads is not there)
+ENGINE = dict(block_size=4, num_kv_blocks=64, max_model_len=64, max_num_batched_tokens=64, num_threads=1)
 
 
 @pytest.fixture(scope="session")
@@ -43,13 +40,11 @@ def db_path(tmp_path) -> str:
 def make_server(tiny_llama, db_path):
     started: list[KVScopeServer] = []
 
-    def make(engine: dict | None = None, ready: bool = True, **options) -> KVScopeServer:
-        cfg = EngineConfig(**{"model": tiny_llama, **ENGINE, **(engine or {})})
+    def make(engine: dict | None = None, ready: bool = True, core_here: bool = False,
+             **options) -> KVScopeServer:
+        cfg = EngineConfig(**{"model": tiny_llama, **ENGINE, "engine_core_process": not core_here,
+                              **(engine or {})})
         options.setdefault("db", db_path)
-        if ENGINE_PROCESS and options.get("engine_factory") is None:
-            options.setdefault("engine_process", True)
-            if options["engine_process"] and cfg.num_threads is None:
-                cfg = dataclasses.replace(cfg, num_threads=1)
         server = KVScopeServer(ServerOptions(cfg, port=0, **options)).start()
         started.append(server)
         if ready:

@@ -37,13 +37,13 @@ def _held_engine(gate: threading.Event):
     """An engine whose every forward waits for ``gate``: calls stay in flight until then."""
     def factory(cfg):
         eng = build_engine(cfg)
-        execute = eng.runner.execute
+        execute = eng.engine_core.runner.execute
 
         def held(out):
             assert gate.wait(60), "the test never opened the gate"
             return execute(out)
 
-        eng.runner.execute = held
+        eng.engine_core.runner.execute = held
         return eng
     return factory
 

@@ -19,12 +19,12 @@ SHORT = {"temperature": 0.0, "max_tokens": 3, "ignore_eos": True}
 @pytest.mark.parametrize("policy", ["fcfs", "fair"])
 def test_a_second_client_is_not_starved_by_one_holding_every_seat(make_server, db_path, policy):
     server = make_server(engine={"max_num_seqs": 4, "num_kv_blocks": 256, "max_model_len": 256,
-                                 "scheduling_policy": policy}, engine_process=False)  # reads the engine
+                                 "scheduling_policy": policy}, core_here=True)  # reads the core
     with KVScopeClient(server.url, timeout=60) as a, KVScopeClient(server.url, timeout=60) as b:
         hog = [a.submit(f"hog prompt {i}", request_id=f"hog-{i}", params=LONG) for i in range(8)]
         first = next(iter(a.stream(hog[0])))  # hog-0 has a token: the first four hold the seats
         assert first.type == "output"
-        clients = {r.client for r in server.worker.engine.scheduler.requests.values()}
+        clients = {r.client for r in server.worker.engine.engine_core.scheduler.requests.values()}
         assert len(clients) == 1 and clients.pop().startswith("websocket:")
         fin = list(b.stream(b.submit("short question", request_id="short", params=SHORT)))[-1]
         assert fin.type == "finished" and len(fin.outputs[0]["token_ids"]) == 3
@@ -70,13 +70,21 @@ def test_a_heavy_client_takes_at_most_ratio_times_a_light_clients_part_of_each_s
 
 def test_serve_defaults_to_fair_and_the_library_to_fcfs():
     from engine.config import EngineConfig
-    from engine.server.commands import FAIR_RATIO
+    from engine.server.commands import SERVE_DEFAULTS, serve_differences
 
-    assert EngineConfig().scheduling_policy == "fcfs"
-    assert EngineConfig().fair_ratio == 0
+    library = EngineConfig()
+    assert library.scheduling_policy == "fcfs" and library.fair_ratio == 0 and not library.engine_core_process
     args = build_parser().parse_args(["serve"])
     assert args.scheduling_policy == "fair"
-    assert args.fair_ratio == FAIR_RATIO == 2
+    assert args.fair_ratio == SERVE_DEFAULTS["fair_ratio"][0] == 2
+    assert args.engine_core_process is True
+    # each difference from the library's defaults is in the one list, and printed at start
+    assert set(SERVE_DEFAULTS) == {f for f in ("scheduling_policy", "fair_ratio", "engine_core_process")
+                                   if getattr(args, f) != getattr(library, f)}
+    served = EngineConfig(scheduling_policy="fair", fair_ratio=2, engine_core_process=True)
+    assert [line.split("=")[0] for line in serve_differences(served)] == list(SERVE_DEFAULTS)
+    assert serve_differences(library) == []
+    assert build_parser().parse_args(["serve", "--engine-core-in-process"]).engine_core_process is False
     assert build_parser().parse_args(["serve", "--fair-ratio", "0"]).fair_ratio == 0
     assert build_parser().parse_args(["generate", "x"]).fair_ratio == 0
     args = build_parser().parse_args(["serve", "--scheduling-policy", "fcfs"])

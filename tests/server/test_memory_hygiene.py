@@ -1,4 +1,4 @@
-"""The engine thread's memory bounds (engine.server.memory_hygiene); what they buy is a
+"""The engine thread's memory bounds (engine.engine_core.memory_hygiene); what they buy is a
 soak figure (bench/soak.py), measured there, not here."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import weakref
 
 from engine.core.sampling_params import SamplingParams
 from engine.protocol import Ok, Restart, Submit
-from engine.server.memory_hygiene import (
+from engine.engine_core.memory_hygiene import (
     CPU_SHAPE_CACHE_ENTRIES, SHAPE_CACHE_ENV, Trimmer, bound_cpu_shape_caches, freeze_heap,
 )
 from tests.server.door import door, make_door  # noqa: F401 (fixtures)

@@ -39,7 +39,7 @@ def _spy(tokenizer, gate: threading.Event | None = None, word: str = "") -> list
 
 
 def test_prompts_are_judged_by_bytes_first_and_tokenized_off_the_engine_thread(make_server):
-    server = make_server(engine_process=False)  # spies on the engine's tokenizer
+    server = make_server()
     with KVScopeClient(server.url, timeout=30) as c:
         c.generate("warm", params=GREEDY)  # the run's PromptPrep has reached the hub
         prep = server.hub.prep
@@ -101,13 +101,13 @@ def test_a_slow_prompt_stalls_nobody_and_counts_as_in_flight(make_server):
 
 def test_prep_bounds_follow_the_tokenizer_and_the_template(tiny_llama):
     import pytest
-    from transformers import AutoTokenizer
 
     from engine.protocol import Submit
     from engine.protocol.errors import ProtocolError
     from engine.server.prompt_prep import PromptPrep, longest_token_bytes
+    from engine.tokenizer import Tokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    tok = Tokenizer(tiny_llama)  # the serving process's (no transformers model side, no torch)
     assert longest_token_bytes(tok) == len("<|endoftext|>".encode())
     prep = PromptPrep(tok, 288, 16)
     assert prep.roles == ("system", "user", "assistant") and prep.max_prompt_bytes == 16 * 13

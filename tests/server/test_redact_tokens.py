@@ -29,7 +29,7 @@ def _tokens_seen(msgs: list[dict]) -> list[int]:
 
 def _watch_one_request(server) -> tuple[list[dict], dict]:
     watcher, submitter = raw(server.url), raw(server.url)
-    send(submitter, type="submit", prompt="a secret prompt", params={**GREEDY, "max_tokens": 12},
+    send(submitter, type="submit", prompt="a secret prompt", params={**GREEDY, "max_tokens": 40},
          request_id="s")
     recv_until(submitter, lambda m: m["type"] == "output")
     send(watcher, type="snapshot")  # mid-request: the pool holds its tokens
@@ -43,14 +43,14 @@ def _watch_one_request(server) -> tuple[list[dict], dict]:
 
 def test_watchers_see_every_token_by_default(make_server):
     seen, fin = _watch_one_request(make_server())
-    assert len(fin["outputs"][0]["token_ids"]) == 12
+    assert len(fin["outputs"][0]["token_ids"]) == 40
     assert any(m["type"] == "snapshot" for m in seen) and _tokens_seen(seen)
 
 
 def test_redact_tokens_leaves_watchers_ids_and_counts_only(make_server):
     server = make_server(redact_tokens=True)
     seen, fin = _watch_one_request(server)
-    assert len(fin["outputs"][0]["token_ids"]) == 12  # the submitter's own outputs
+    assert len(fin["outputs"][0]["token_ids"]) == 40  # the submitter's own outputs
     assert _tokens_seen(seen) == []
     events = [e for m in seen if m["type"] == "step" for e in m["events"]]
     arrived = next(e for e in events if e["type"] == "request_arrived")

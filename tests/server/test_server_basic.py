@@ -48,11 +48,11 @@ def test_hello_snapshot_submit_stream_finished(make_server):
         assert [o["index"] for o in fin2.outputs] == [0, 1]
 
 
-@pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
-def test_abort_restart_and_recording(make_server, db_path, engine_process):
-    # with kvscope serve's engine process too: the aborts, the old run's end and the new
-    # run's start reach the recorder across the pipe in order
-    server = make_server(engine={"num_threads": 1} if engine_process else None, engine_process=engine_process)
+@pytest.mark.parametrize("core_here", [True, False], ids=["inproc-core", "core-process"])
+def test_abort_restart_and_recording(make_server, db_path, core_here):
+    # with the core in a process of its own too (kvscope serve's): the aborts, the old
+    # run's end and the new run's start reach the recorder in order
+    server = make_server(core_here=core_here)
     with KVScopeClient(server.url, timeout=20) as a, KVScopeClient(server.url, timeout=20) as b:
         first_run = a.run_id
         long = a.submit("a long one", params={"temperature": 0, "max_tokens": 50})

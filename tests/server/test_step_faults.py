@@ -7,7 +7,7 @@ at 7416b2c) the step handler aborted every live request of every sink: ``waiting
 ended with ``error``/``abort`` instead of ``finished``/``length``. Before the second
 (main at b923685) every request of the failed step failed: ``good`` below, which shares
 the step with ``bad``, ended with ``internal``/``abort``; now the engine runs the step's
-requests one by one and fails only ``bad`` (engine.step_isolation)."""
+requests one by one and fails only ``bad`` (engine.engine_core.step_isolation)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ POISON = 250  # a prompt holding this token id makes the forward raise
 def _poison(worker) -> list[list[str]]:
     """Make the engine's forward raise for a batch holding POISON; returns the batches
     it refused (request ids), for the test to check who was in them."""
-    runner = worker.engine.runner
+    runner = worker.engine.engine_core.runner
     execute, refused = runner.execute, []
 
     def faulty(out, *args, **kwargs):
@@ -143,7 +143,7 @@ def test_issue_17_frames_fail_only_their_request(make_server):
 def test_a_fault_outside_the_forward_fails_the_running_requests(door):
     # schedule() itself raises (an engine bug, not a request's forward): there is no
     # forward to rerun piece by piece, so what runs is failed, and serving goes on.
-    sched = door.worker.engine.scheduler
+    sched = door.worker.engine.engine_core.scheduler
     schedule, raised = sched.schedule, []
 
     def faulty():

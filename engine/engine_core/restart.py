@@ -1,10 +1,11 @@
-"""Restart: a new engine with another pool or scheduler shape, on the loaded weights.
+"""Restart: a new core with another pool or scheduler shape, on the loaded weights.
 
 What a client may ask for is bounded here: the keys (``protocol.ops.RESTART_KEYS``)
 are checked when the op is parsed, the values against the operator's limits
 (``RestartLimits``: what the server started with). Whether a client may restart
-at all is the front door's and the engine thread's call (``--no-client-restart``,
-the token). Runs on the engine thread.
+at all is the front door's and the engine worker's call (``--no-client-restart``,
+the token). Runs in the core (``EngineCore.restart``); ``RestartLimits`` is plain
+data the engine worker keeps.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from engine.config import EngineConfig
 from engine.core import ConfigError
-from engine.llm_engine import LLMEngine
-from engine.startup import build_engine
+from engine.engine_core.messages import CoreInfo
+
+if TYPE_CHECKING:
+    from engine.engine_core.core import EngineCore
 
 
 MIN_BLOCK_SIZE = 8  # smaller blocks multiply per-block bookkeeping for no teaching gain
@@ -35,36 +40,35 @@ class RestartLimits:
     max_num_batched_tokens: int
 
     @classmethod
-    def of(cls, engine: LLMEngine) -> RestartLimits:
-        cache, sched = engine.cache_config, engine.scheduler_config
-        return cls(cache.num_blocks * engine.parts.kv_bytes_per_block, cache.num_blocks,
-                   min(MIN_BLOCK_SIZE, cache.block_size), sched.max_num_seqs,
-                   sched.max_num_batched_tokens)
+    def of(cls, info: CoreInfo) -> RestartLimits:
+        return cls(info.num_blocks * info.kv_bytes_per_block, info.num_blocks,
+                   min(MIN_BLOCK_SIZE, info.block_size), info.max_num_seqs, info.max_num_batched_tokens)
 
 
-def rebuild_engine(old: LLMEngine, options: dict[str, Any], limits: RestartLimits | None = None
-                   ) -> LLMEngine:
-    """The engine ``old`` becomes with ``options``; raises (KVScopeError, TypeError,
+def rebuilt(old: EngineCore, options: dict[str, Any], limits: dict[str, int] | None = None) -> EngineCore:
+    """The core ``old`` becomes with ``options``; raises (KVScopeError, TypeError,
     ValueError) and leaves ``old`` serving when they are refused. ``limits``: the
-    operator's (default: what ``old`` has)."""
-    limits = limits or RestartLimits.of(old)
+    operator's, as ``RestartLimits`` fields (default: what ``old`` has)."""
+    from engine.startup import build_engine_core
+
+    bounds = RestartLimits(**limits) if limits is not None else RestartLimits.of(old.info)
     cfg = dataclasses.replace(old.config, **options)
-    per_block = old.spec.kv_bytes_per_block(cfg.block_size, old.parts.loaded.dtype)
+    loaded = old.parts.loaded
+    per_block = loaded.spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
     if cfg.num_kv_blocks is None:  # "the default" is what the operator's budget holds, never more
-        cfg = dataclasses.replace(cfg, num_kv_blocks=min(limits.num_blocks, limits.pool_bytes // per_block))
-    check_restart(cfg, old, limits, per_block)
+        cfg = dataclasses.replace(cfg, num_kv_blocks=min(bounds.num_blocks, bounds.pool_bytes // per_block))
+    check_restart(cfg, loaded.spec.max_position_embeddings, bounds, per_block)
     # Reuse the loaded weights: only the pool and the scheduler change. The new
     # pool is allocated before the old one is dropped, so a bad config leaves
-    # the old engine serving (at the price of both pools for a moment).
-    return build_engine(cfg, loaded=old.parts.loaded, kv_events=old.kv_events)  # one KV event stream
+    # the old core serving (at the price of both pools for a moment).
+    return build_engine_core(cfg, loaded=loaded)
 
 
-def check_restart(cfg: EngineConfig, old: LLMEngine, limits: RestartLimits, per_block: int) -> None:
+def check_restart(cfg: EngineConfig, limit: int, limits: RestartLimits, per_block: int) -> None:
     """Refuse restarts a client should not be able to ask for: a pool bigger than the
     operator's, in bytes or in blocks (block_size 1 made 2M blocks and blocked the engine
     for 19 s), a scheduler wider than the operator's, and positions past the model's own
     limit (garbage)."""
-    limit = old.spec.max_position_embeddings
     if cfg.max_model_len is not None and cfg.max_model_len > limit:
         raise ConfigError(f"max_model_len {cfg.max_model_len} exceeds the model's {limit} positions")
     if cfg.block_size < limits.min_block_size:

@@ -1,0 +1,244 @@
+"""EngineCore: the scheduler, the model runner, the one fault policy, the CPU thread governor.
+
+vLLM's ``EngineCore`` (``vllm/v1/engine/core.py``): it takes token ids and sampling
+params (``EngineCoreRequest``) and answers each step with new token ids, the step's
+events and the pool summary (``CoreStep``). It knows no text: tokenizing,
+detokenizing, stop strings, metrics and every front door are the engine's
+(``engine.llm_engine``), which reaches the core through a client
+(``engine.engine_core.client``): in this process, or in a child of its own.
+
+**The fault policy** lives here and only here. A forward that raises is rerun one
+request at a time (``engine.engine_core.step_isolation``), and only the requests whose
+own run raises are failed; a fault elsewhere in the step (scheduling, the update) fails
+the requests the step held. Either way the failed user requests are finished
+(``abort``) in the scheduler and named in ``CoreStep.fault``, so the engine tells
+their submitters and ends their outputs; nobody outside the core touches the
+scheduler. Built by ``engine.startup.build_engine_core``. Writer of: the scheduler
+(and through it the KV cache manager and pool) and the runner's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from engine.core import ModelRunnerOutput, Request, RequestStatus, SchedulerOutput
+from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
+from engine.engine_core.step_isolation import RequestFailure, StepFault, split_step
+from engine.events.pool_snapshot import PoolSnapshot
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.core import Scheduler
+    from engine.engine_parts import EngineParts
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, parts: EngineParts, scheduler: Scheduler,
+                 governor: Any = None) -> None:
+        self.config = config
+        self.parts = parts
+        self.scheduler = scheduler
+        self.runner = parts.runner
+        self.governor = governor  # engine.cpu_threads.CoreGovernor (CPU, default thread count)
+        self.info = _info(config, parts)
+
+    # ---- requests -----------------------------------------------------------------
+
+    def add_request(self, r: EngineCoreRequest) -> list[str]:
+        """Enter a request; the core ids of its samples after the first (``n_sharing=
+        "prefix_cache"``). Raises (and changes nothing) for a prompt that cannot fit,
+        a full queue or an id in use."""
+        req = Request(r.request_id, r.prompt_token_ids, r.params, arrival_time=r.arrival_time,
+                      eos_token_ids=self.parts.loaded.spec.eos_token_ids, seed=r.seed,
+                      client=r.client)
+        return [s.request_id for s in self.scheduler.add_request(req)[1:]]
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.scheduler.finish_request(rid, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def has_pending_events(self) -> bool:
+        return bool(self.scheduler.log.events)
+
+    # ---- one step -----------------------------------------------------------------
+
+    def step(self, stop_ids: list[str] = (), summary: bool = True) -> CoreStep:
+        """schedule → execute → update. ``stop_ids``: requests whose stop string the
+        engine matched (finished at this schedule, as vLLM does)."""
+        sched, gov = self.scheduler, self.governor
+        sched.stop_requests(list(stop_ids))
+        if gov is not None:
+            gov.tick()  # CPU: torch threads fitted to the free cores
+        try:
+            out = sched.schedule()
+            model_output, fault = self._execute(out)
+            if gov is not None:
+                gov.stepped()
+            core_outputs = sched.update_from_output(out, model_output)
+        except Exception as exc:
+            # A fault outside the forward: the step did not close, its events wait.
+            return CoreStep(None, time.time(), [], [], None, self._fail_held(exc))
+        events = sched.log.drain()
+        return CoreStep(core_outputs.step, core_outputs.scheduled_at, core_outputs.outputs, events,
+                        sched.pool_summary() if summary else None, fault)
+
+    def _execute(self, out: SchedulerOutput) -> tuple[ModelRunnerOutput, StepFault | None]:
+        try:
+            return self.runner.execute(out), None
+        except Exception as exc:
+            self.scheduler.kv.uncache_uncomputed()  # blocks hashed for K/V this forward never wrote
+            if out.is_empty:  # only copies ran: no request to blame
+                raise
+            return self._isolate(out, exc)
+        except BaseException:
+            self.scheduler.kv.uncache_uncomputed()
+            raise
+
+    def _isolate(self, out: SchedulerOutput, exc: Exception) -> tuple[ModelRunnerOutput, StepFault]:
+        """Run the failed step's requests one at a time; fail those that raise alone (or
+        read K/V a failed one was to write). See ``engine.engine_core.step_isolation``."""
+        detail = f"{type(exc).__name__}: {exc}"
+        logger.error("engine step %d failed (%s); running its %d request(s) one by one",
+                     out.step, detail, len(out.scheduled), exc_info=exc)
+        pieces = split_step(out, self.scheduler.kv.block_size)
+        sampled: dict = {}
+        failed: dict[str, str] = {}  # user request id -> why
+        unsound: set[int] = set()  # blocks a failed piece was to write
+        users = [self._user_request_id(piece.request_id) for piece in pieces]
+        for piece, user in zip(pieces, users):
+            why = None
+            if user in failed:
+                why = failed[user]  # a sample of a request that failed: it fails whole
+            elif len(pieces) == 1:
+                why = detail  # alone in its step: it is the one
+            elif piece.reads & unsound:
+                why = "it read K/V a failed request of its step was to write"
+            else:
+                try:
+                    sampled.update(self.runner.execute(piece.output).sampled)
+                except Exception as e:
+                    why = f"{type(e).__name__}: {e}"
+            if why is not None:
+                failed.setdefault(user, why)
+                unsound |= piece.writes
+        self._finish_users(failed)
+        if not failed:
+            logger.warning("engine step %d: every request ran alone; none failed", out.step)
+        return ModelRunnerOutput(sampled), StepFault(out.step, detail, [RequestFailure(u, w)
+                                                                      for u, w in failed.items()])
+
+    def _fail_held(self, exc: Exception) -> StepFault:
+        """A step raised outside its forward: fail the requests it held, so the next step
+        can run.
+
+        Which requests: the scheduler's ``running`` list after the failed step, that is
+        every request the step scheduled (``schedule()`` moves the waiting ones it admits
+        there) plus any running one the token budget left out of this step (the failed
+        step cannot say which ran; failing one request too many is the safe side). With
+        nothing running, the fault came before admission, so the head of ``waiting`` is
+        failed. Every failed step removes at least one request, so a poisoned request
+        cannot fail step after step. Blocks hashed for K/V the step never wrote lose
+        their hash (a prefix hit on them would read garbage). A fault with no request to
+        blame cannot be isolated: it is raised."""
+        sched = self.scheduler
+        held = list(sched.running) or list(sched.waiting)[:1]
+        if not held:
+            raise exc
+        sched.kv.uncache_uncomputed()  # idempotent: a fault after the forward finds nothing to undo
+        detail = f"{type(exc).__name__}: {exc}"
+        users = list(dict.fromkeys(r.parent_id or r.request_id for r in held))  # a fork's samples: one
+        logger.error("engine step failed (%s); failing its %d request(s) %s", detail, len(users),
+                     users[:8], exc_info=exc)
+        self._finish_users(dict.fromkeys(users, detail))
+        return StepFault(sched.step, detail, [RequestFailure(u, detail) for u in users])
+
+    def _finish_users(self, users: dict[str, str]) -> None:
+        """Abort every core request of these user requests (a fork's or a fan-out's samples too)."""
+        sched = self.scheduler
+        doomed = [rid for rid, r in sched.requests.items() if (r.parent_id or rid) in users]
+        for rid in doomed:
+            sched.finish_request(rid, RequestStatus.FINISHED_ABORTED)
+
+    def _user_request_id(self, core_id: str) -> str:
+        req = self.scheduler.requests.get(core_id)
+        return req.parent_id if req is not None and req.parent_id is not None else core_id
+
+    # ---- cache control, figures, restart ------------------------------------------
+
+    def reset_prefix_cache(self) -> int:
+        return self.scheduler.kv.reset_prefix_cache()
+
+    def snapshot(self, tokens: bool = True) -> PoolSnapshot:
+        return self.scheduler.snapshot(tokens)
+
+    def stats(self) -> dict:
+        # Counts from the one tracker every event passes (EventLog.counts), so they
+        # match the per-step metrics' cumulative counters, events kept or not.
+        sched = self.scheduler
+        counts = sched.log.counts
+        figures = sched.pool_summary().figures()
+        cache = self.parts.cache_config
+        return {
+            "num_blocks": cache.num_blocks,
+            "block_size": cache.block_size,
+            "kv_cache_usage": figures["kv_cache_usage"],
+            "kv_token_usage": figures["kv_token_usage"],
+            "internal_fragmentation": figures["internal_fragmentation"],
+            "prefix_cache_queries": counts.prefix_cache_queries,
+            "prefix_cache_hits": counts.prefix_cache_hits,
+            "prefix_cache_hit_rate": counts.prefix_cache_hit_rate,
+            "prefix_cache_resumed_queries": counts.prefix_cache_resumed_queries,
+            "prefix_cache_resumed_hits": counts.prefix_cache_resumed_hits,
+            "num_preemptions": counts.num_preemptions,
+            "num_evictions": counts.num_evictions,
+            "cow_copies": counts.cow_copies,
+            "num_requests_running": len(sched.running),
+            "num_requests_waiting": len(sched.waiting),
+        }
+
+    def restart(self, options: dict[str, Any], limits: dict[str, int] | None = None) -> CoreStep | None:
+        """Become the core ``options`` make of this one's config, on the loaded weights
+        (only the pool and the scheduler change). The new parts are built first: a
+        refused or failing config raises and leaves this core serving as it was. Then
+        every request is aborted and, when that left events, one last step publishes
+        them into the old run; that step is returned, and ``info`` is the new core's."""
+        from engine.engine_core.restart import rebuilt
+
+        new = rebuilt(self, options, limits)
+        self.abort_requests(list(self.scheduler.requests))
+        closing = self.step() if self.has_pending_events() else None
+        self.config, self.parts, self.scheduler, self.runner = new.config, new.parts, new.scheduler, new.runner
+        self.governor, self.info = new.governor, new.info
+        return closing
+
+    def close(self) -> None:
+        """Nothing runs beside the core; here for the clients' symmetry."""
+
+
+def _info(config: EngineConfig, parts: EngineParts) -> CoreInfo:
+    loaded, cache, sched = parts.loaded, parts.cache_config, parts.scheduler_config
+    spec = loaded.spec
+    d = config.to_dict()
+    d.update(
+        model_name=spec.name, architecture=spec.architecture, device=str(loaded.device),
+        dtype=str(loaded.dtype).replace("torch.", ""), attention_backend=parts.runner.backend.name,
+        block_size=cache.block_size, num_blocks=cache.num_blocks, max_model_len=sched.max_model_len,
+        max_num_batched_tokens=sched.max_num_batched_tokens, kv_bytes_per_block=parts.kv_bytes_per_block,
+        tokenizer_file=_tokenizer_file(loaded.weights_dir),
+    )
+    return CoreInfo(d, str(loaded.weights_dir), spec.vocab_size, spec.max_position_embeddings,
+                    sched.max_model_len, cache.num_blocks, cache.block_size, sched.max_num_seqs,
+                    sched.max_num_batched_tokens, parts.kv_bytes_per_block, loaded.device.type)
+
+
+def _tokenizer_file(weights_dir) -> str | None:
+    """The fast tokenizer's JSON, so a torch-free reader (the dashboard) can decode ids."""
+    path = weights_dir / "tokenizer.json"
+    return str(path.resolve()) if path.is_file() else None

@@ -1,0 +1,106 @@
+"""The engine core's own process: build the core, then answer commands until told to stop.
+
+Started by ``engine.engine_core.client.ProcessClient`` (multiprocessing's spawn: a fresh
+interpreter, so torch is imported here and never in the serving process). While the
+model loads, each log line of the ``engine`` loggers goes to the client as ``Progress``
+(``/healthz`` shows it); then ``Ready`` with the core's info, or ``LoadFailed``. After
+that the loop is one command in, one ``Answer`` out, in order: the client waits for
+each answer, so the core never runs ahead of the engine and both processes see the
+same sequence of states as the in-process client would.
+
+Writer of: nothing but its own copy of the core; the pipe's far end is the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgspec
+
+from engine.engine_core import messages as m
+from engine.engine_core.memory_hygiene import Trimmer, bound_cpu_shape_caches, freeze_heap
+
+log = logging.getLogger("kvscope.engine_core")
+
+
+class _ProgressLines(logging.Handler):
+    """INFO+ lines of the ``engine`` loggers during the load, sent as ``Progress``."""
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__(logging.INFO)
+        self.conn = conn
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.conn.send_bytes(m.encode(m.Progress(record.getMessage())))
+        except Exception:  # a progress line is never worth failing a load
+            pass
+
+
+def run_core_process(config: Any, conn: Connection) -> None:
+    # Ctrl-C and a service manager's SIGTERM reach the whole process group; the server
+    # stops the core in order (Shutdown), or EOF does when the server is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    bound_cpu_shape_caches()  # before the model's first op (memory_hygiene)
+    engine_log = logging.getLogger("engine")
+    handler = _ProgressLines(conn)
+    engine_log.addHandler(handler)
+    engine_log.setLevel(logging.INFO)
+    try:
+        from engine.startup import build_engine_core
+
+        core = build_engine_core(config)
+    except BaseException as exc:  # any load failure is reported, never raised into a void
+        conn.send_bytes(m.encode(m.LoadFailed(m.failure_of(exc))))
+        return
+    finally:
+        engine_log.removeHandler(handler)
+        engine_log.setLevel(logging.NOTSET)
+    freeze_heap()  # the loaded heap (torch, the model) is never garbage (memory_hygiene)
+    conn.send_bytes(m.encode(m.Ready(core.info)))
+    trimmer = Trimmer()
+    while True:
+        try:
+            command = m.command_decoder.decode(conn.recv_bytes())
+        except EOFError:  # the engine's process is gone
+            return
+        if isinstance(command, m.Shutdown):
+            return
+        value, failure = m.NIL, None
+        try:
+            value = _execute(core, command)
+        except Exception as exc:
+            log.debug("engine core: %s raised", type(command).__name__, exc_info=exc)
+            failure = m.failure_of(exc)
+        conn.send_bytes(m.encode(m.Answer(value, failure, core.has_unfinished_requests(),
+                                          core.has_pending_events())))
+        trimmer.tick()
+
+
+def _execute(core: Any, command: Any) -> Any:
+    """One command on the core; its value, ready for the answer (msgpack raw)."""
+    if isinstance(command, m.Step):
+        return m.encode_step(core.step(command.stop_ids, command.summary))
+    if isinstance(command, m.AddRequest):
+        return _raw(core.add_request(command.request))
+    if isinstance(command, m.AbortRequests):
+        return _raw(core.abort_requests(command.request_ids))
+    if isinstance(command, m.ResetPrefixCache):
+        return _raw(core.reset_prefix_cache())
+    if isinstance(command, m.TakeSnapshot):
+        return _raw(core.snapshot(command.tokens).to_dict())
+    if isinstance(command, m.GetStats):
+        return _raw(core.stats())
+    if isinstance(command, m.Restart):
+        closing = core.restart(command.options, command.limits)
+        return _raw(m.Restarted(m.NIL if closing is None else m.encode_step(closing), core.info))
+    raise TypeError(f"the engine core has no command {type(command).__name__}")
+
+
+def _raw(value: Any) -> msgspec.Raw:
+    return msgspec.Raw(m.encode(value))
