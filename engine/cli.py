@@ -47,7 +47,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="int8: weight-only int8 linears with float32 compute (CPU; not the default)")
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--num-threads", type=int, default=None,
-                   help="CPU torch threads (default: every usable core; serve: see engine/cpu_threads.py)")
+                   help="CPU torch threads (default: every usable core, or $KVSCOPE_NUM_THREADS; "
+                   "serve: $KVSCOPE_SERVE_THREADS; see engine/cpu_threads.py)")
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -116,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.cpu_threads import set_default_wait_policy
+
+    set_default_wait_policy()  # before any command imports torch (libgomp reads it once)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -48,9 +48,11 @@ def _imported_modules(path: Path, module: str) -> set[str]:
                 mod = ".".join(base + ([n.module] if n.module else []))
             else:
                 mod = n.module
-            out.add(mod)
-            # ``from engine.core import snapshot`` imports a module, ``import Scheduler`` a name
-            out.update(f"{mod}.{a.name}" for a in n.names if _is_module(f"{mod}.{a.name}"))
+            # ``from engine.core import snapshot`` imports a module (as ``import
+            # engine.core.snapshot`` does), ``from engine.core import Scheduler`` a name of the
+            # package's own ``__init__``
+            for a in n.names:
+                out.add(f"{mod}.{a.name}" if _is_module(f"{mod}.{a.name}") else mod)
     return out
 
 

@@ -25,11 +25,9 @@ from typing import Any
 
 import sqlite_utils
 
+from engine import envs
 from engine.events.json_text import compact
 from engine.events.step import StepRecord
-
-ENV_VAR = "KVSCOPE_DB"
-DEFAULT_PATH = Path("data") / "runs.sqlite"
 
 
 def resolve_db_path(path: str | os.PathLike | None = None) -> str:
@@ -37,7 +35,7 @@ def resolve_db_path(path: str | os.PathLike | None = None) -> str:
 
     A ``file:`` URI (e.g. ``file:runs.sqlite?mode=ro``) is passed through as is."""
     if path is None:
-        path = os.environ.get(ENV_VAR) or DEFAULT_PATH
+        path = envs.DB.get()
     return str(path)
 
 

@@ -8,12 +8,12 @@ file, and stops it when the test ends.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 
 import pytest
 import torch
 
+from engine import envs
 from engine.config import EngineConfig
 from engine.server.app import KVScopeServer, ServerOptions
 from tests.tiny_models import tiny_model_dir
@@ -26,7 +26,7 @@ ENGINE = dict(block_size=4, num_kv_blocks=64, max_model_len=64, max_num_batched_
 # KVSCOPE_TEST_ENGINE_PROCESS=1: every server of these tests that can runs its engine in a
 # process of its own (kvscope serve's default; tests/server/test_engine_process.py is the
 # suite's own check of it). Tests that reach into ``server.worker.engine`` need the thread.
-ENGINE_PROCESS = os.environ.get("KVSCOPE_TEST_ENGINE_PROCESS") == "1"
+ENGINE_PROCESS = envs.TEST_ENGINE_PROCESS.get()
 
 
 @pytest.fixture(scope="session")
