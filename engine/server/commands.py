@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 from engine import envs
+from engine.engine_args import add_engine_args, engine_kwargs
 from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT
 from engine.server.frame_rate import BYTES_PER_S, FRAME_BURST, FRAMES_PER_S
 from engine.server.security import TOKEN_ENV
@@ -32,8 +33,6 @@ def add_allowed_host_arg(g) -> None:
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    from engine.cli import add_engine_args
-
     p = sub.add_parser("serve", help="run one live engine behind a websocket and OpenAI API server",
                        description=textwrap.fill("Run one engine and stream its events over websockets "
                                                  "(protocol v2), with the OpenAI API (/v1/models, "
@@ -100,7 +99,6 @@ def add_server_subcommands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from engine.cli import engine_kwargs
     from engine.config import EngineConfig
     from engine.core import KVScopeError
     from engine.kv_events.config import KVEventsConfig
