@@ -169,3 +169,14 @@ def test_the_command_line_is_the_top():
     graph = package_graph()
     assert {"engine.server", "engine.store", "engine.attach", "engine.client"} <= graph["engine.cli"]
     assert not any("engine.cli" in deps for deps in graph.values())
+
+
+def test_each_class_name_is_defined_once_in_engine():
+    # two RequestStates (the reducer's and the output processor's) read the same in an
+    # import line and a traceback; a name says which concept it is
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for n in ast.parse(path.read_text()).body:
+            if isinstance(n, ast.ClassDef):
+                where.setdefault(n.name, []).append(str(path.relative_to(ROOT)))
+    assert {k: v for k, v in where.items() if len(v) > 1} == {}

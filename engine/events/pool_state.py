@@ -16,7 +16,7 @@ from typing import Any
 from engine.events.fold import Fold
 from engine.events.pool_snapshot import PoolSnapshot
 from engine.events.pool_summary import PoolSummary
-from engine.events.request_state import RequestState
+from engine.events.request_state import FoldedRequest
 from engine.events.request_status import RequestStatus
 from engine.events.rules import HANDLERS, ImpossibleEventError
 from engine.events.types import Event, event_from_dict
@@ -42,7 +42,7 @@ class PoolState(Fold):
         # An OrderedDict is the reducer's doubly linked list: O(1) pop from the
         # middle (hits, allocation) and push at either end (hashless → head).
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.requests: dict[str, RequestState] = {}
+        self.requests: dict[str, FoldedRequest] = {}
 
     # ---- construction ------------------------------------------------------
 
@@ -56,7 +56,7 @@ class PoolState(Fold):
         for b in snap.blocks:
             s.ref[b.id], s.hash[b.id], s.block_tokens[b.id] = b.ref_count, b.hash, b.token_ids
         s.free = OrderedDict.fromkeys(snap.free_queue)
-        s.requests = {rid: RequestState.from_view(r) for rid, r in snap.requests.items()}
+        s.requests = {rid: FoldedRequest.from_view(r) for rid, r in snap.requests.items()}
         s.check(statuses=False)  # may be a mid-step state (blocks before request_scheduled)
         return s
 

@@ -13,7 +13,7 @@ from engine.events.request_status import RequestStatus
 
 
 @dataclass(slots=True, eq=False)
-class RequestState:
+class FoldedRequest:
     """A request's folded fields, in ``RequestView`` terms."""
 
     status: RequestStatus
@@ -26,7 +26,7 @@ class RequestState:
     arrival_index: int
 
     @classmethod
-    def from_view(cls, r: RequestView) -> RequestState:
+    def from_view(cls, r: RequestView) -> FoldedRequest:
         return cls(r.status, list(r.block_table), r.num_tokens, r.num_computed_tokens,
                    r.num_cached_tokens, list(r.token_ids or ()), r.parent_id, r.arrival_index)
 
@@ -35,8 +35,8 @@ class RequestState:
                            self.num_computed_tokens, self.num_cached_tokens,
                            tuple(self.token_ids), self.parent_id, self.arrival_index)
 
-    def copy(self) -> RequestState:
+    def copy(self) -> FoldedRequest:
         """An independent copy (fresh table and token list)."""
-        return RequestState(self.status, list(self.table), self.num_tokens,
+        return FoldedRequest(self.status, list(self.table), self.num_tokens,
                             self.num_computed_tokens, self.num_cached_tokens,
                             list(self.token_ids), self.parent_id, self.arrival_index)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.events.request_state import RequestState
+from engine.events.request_state import FoldedRequest
 from engine.events.request_status import RequestStatus
 from engine.events.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, Event, EvictionReason,
@@ -28,7 +28,7 @@ class ImpossibleEventError(ValueError):
 
 # ---- checks and reference moves shared by the rules -------------------------
 
-def _req(s: PoolState, e: Event, rid: str) -> RequestState:
+def _req(s: PoolState, e: Event, rid: str) -> FoldedRequest:
     r = s.requests.get(rid)
     if r is None:
         raise ImpossibleEventError(f"{e.type} at step {e.step}: unknown request {rid!r}")
@@ -165,7 +165,7 @@ def _cache_reset(s: PoolState, e: PrefixCacheReset) -> None:
 def _arrived(s: PoolState, e: RequestArrived) -> None:
     if e.request_id in s.requests:
         raise ImpossibleEventError(f"request_arrived at step {e.step}: {e.request_id!r} exists")
-    s.requests[e.request_id] = RequestState(RequestStatus.WAITING, [], e.num_prompt_tokens, 0,
+    s.requests[e.request_id] = FoldedRequest(RequestStatus.WAITING, [], e.num_prompt_tokens, 0,
                                             0, list(e.prompt_token_ids), e.parent_id,
                                             e.arrival_index)
 
@@ -179,7 +179,7 @@ def _forked(s: PoolState, e: RequestForked) -> None:
     # inherits its parent's prefix-cache credit, as the engine's Request.fork does.
     parent = s.requests.get(e.parent_id)
     status = RequestStatus.RUNNING if e.blocks else RequestStatus.WAITING
-    s.requests[e.request_id] = RequestState(status, list(e.blocks),
+    s.requests[e.request_id] = FoldedRequest(status, list(e.blocks),
                                             e.num_tokens, e.num_computed_tokens,
                                             parent.num_cached_tokens if parent else 0,
                                             list(e.token_ids), e.parent_id, e.arrival_index)
