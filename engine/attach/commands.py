@@ -18,8 +18,6 @@ from typing import Any
 
 from engine import envs
 
-POD_KEYS = {"replay": "--replay", "topic": "--topic", "metrics": "--metrics", "pod": "--pod"}
-
 
 class _NewPod(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):

@@ -71,11 +71,6 @@ class PrefixTree:
             self.size[h] = 1 + sum(self.size[c] for c in kids)
             self.leaves[h] = sum(self.leaves[c] for c in kids) or 1
 
-    def root_of(self, h: str) -> str:
-        while (p := self.blocks[h].parent) is not None and p in self.blocks:
-            h = p
-        return h
-
     def path(self, h: str) -> list[str]:
         """Hashes from the root down to ``h``."""
         out = [h]
