@@ -18,7 +18,7 @@ import streamlit as st
 
 from engine import envs
 from engine.client import LiveConnection
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.protocol.handshake import TOKEN_ENV
 
 from dashboard.live_feed import LiveFeed

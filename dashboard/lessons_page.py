@@ -25,7 +25,7 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from engine import envs
-from engine.events.pool_snapshot import BlockState, PoolSnapshot
+from engine.events.folds.pool_snapshot import BlockState, PoolSnapshot
 from engine.store.db import is_uri, resolve_db_path
 from lessons import LESSONS
 

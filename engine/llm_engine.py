@@ -27,9 +27,9 @@ from engine.core import (
     SamplingParams, SamplingParamsError, Scheduler, SchedulerConfig, SchedulerOutput,
 )
 from engine.core.ids import check_request_id
-from engine.events.metrics import MetricsConfig, MetricsTracker
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.step import StepRecord
+from engine.events.metrics.step_metrics import MetricsConfig, MetricsTracker
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.schema.step import StepRecord
 from engine.output_processor import OutputProcessor, ProcessedOutputs
 from engine.outputs import RequestOutput
 from engine.step_isolation import RequestFailure, StepFault, split_step

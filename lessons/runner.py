@@ -20,7 +20,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.events.render import render_snapshot
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.llm_engine import LLMEngine
 from engine.startup import build_engine
 from engine.store import Recorder

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.core.hashing import hash_full_blocks
-from engine.events.hash_cache_snapshot import PodCacheView
-from engine.events.hash_key import hash_key
-from engine.events.prefix_tree import PrefixTree
+from engine.events.folds.hash_cache_snapshot import PodCacheView
+from engine.events.folds.prefix_tree import PrefixTree
+from engine.events.schema.hash_key import hash_key
 from engine.kv_events.mapping import vllm_block_hash
 
 KVSCOPE = "kvscope"  # the one hash scheme reproducible here

@@ -24,7 +24,7 @@ from websockets.sync.client import ClientConnection
 
 from engine.client.connect import DEFAULT_URL, ServerError, open_connection, submit_op
 from engine.client.live_state import LinkNote, LinkStatus, LiveState, LiveView, SubmittedRequest
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.protocol.codec import decode_message, encode
 from engine.protocol.errors import ProtocolError
 from engine.protocol.messages import Accepted, Error, Message, Ok, Steps

@@ -19,9 +19,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events.reducer import ImpossibleEventError
-from engine.events.run_kind import AnySnapshot, AnyState, state_from_snapshot
-from engine.events.step import StepRecord
+from engine.events.folds.reducer import ImpossibleEventError
+from engine.events.folds.run_kind import AnySnapshot, AnyState, state_from_snapshot
+from engine.events.schema.step import StepRecord
 from engine.protocol.messages import Error, Finished, Hello, Message, Output, Snapshot, Step
 
 

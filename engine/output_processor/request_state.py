@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.core.model_runner_output import SampledToken
 from engine.core.sampling_params import SamplingParams
-from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
+from engine.events.metrics.request_stats import FinishedRequestStats, FirstTokenStats
 from engine.output_processor.detokenizer import IncrementalDetokenizer, make_detokenizer
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 

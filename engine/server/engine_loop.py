@@ -35,8 +35,8 @@ from engine.core import (
     EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, RequestStatus,
     SamplingParamsError,
 )
-from engine.events.step import StepRecord
-from engine.events.types import PROTOCOL_VERSION
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError

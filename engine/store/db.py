@@ -1,9 +1,9 @@
 """Where the runs database lives, how to open it, and its schema (sqlite-utils).
 
-Tables (JSON columns hold compact ASCII JSON text, ``engine.events.json_text``):
+Tables (JSON columns hold compact ASCII JSON text, ``engine.events.schema.json_text``):
 - ``runs``: id TEXT pk, started_at REAL (unix s), finished_at REAL|NULL, config JSON
   (an engine run's must hold ``num_blocks`` and ``block_size`` for replay), model TEXT,
-  label TEXT, kind TEXT (``engine.events.run_kind``: ``engine`` | ``attached``; NULL in
+  label TEXT, kind TEXT (``engine.events.folds.run_kind``: ``engine`` | ``attached``; NULL in
   databases from before kinds, read as ``engine``; added to such a table on open).
 - ``steps``: (run_id, seq) pk, step, ts REAL, events JSON (list of event dicts),
   metrics JSON — one ``StepRecord`` per row.
@@ -26,8 +26,8 @@ from typing import Any
 import sqlite_utils
 
 from engine import envs
-from engine.events.json_text import compact
-from engine.events.step import StepRecord
+from engine.events.schema.json_text import compact
+from engine.events.schema.step import StepRecord
 
 
 def resolve_db_path(path: str | os.PathLike | None = None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.events.baseline import BaselineConfig, Reservation, replay
+from engine.events.baseline.contiguous import BaselineConfig, Reservation, replay
 
 from dashboard.contiguous import baselines_of_records
 from dashboard.preset_effects import effects, verdict

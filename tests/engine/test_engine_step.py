@@ -13,7 +13,7 @@ import pytest
 from engine import SamplingParams
 from engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from engine.core import KVScopeError, SamplingParamsError, child_request_id
-from engine.events import types as event_types
+from engine.events.schema import types as event_types
 from engine.startup import build_engine, default_cpu_blocks
 
 PROMPT = list(range(40, 58))  # 18 tokens

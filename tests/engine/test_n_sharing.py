@@ -8,8 +8,8 @@ import pytest
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.core import ConfigError, child_request_id
-from engine.events.reducer import PoolState
-from engine.events.step import StepRecord
+from engine.events.folds.reducer import PoolState
+from engine.events.schema.step import StepRecord
 from engine.protocol import Restart
 from engine.server.engine_restart import rebuild_engine
 from engine.startup import build_engine

@@ -19,7 +19,7 @@ import pytest
 from engine.client import KVScopeClient
 from engine.config import EngineConfig
 from engine.core.sampling_params import SamplingParams
-from engine.events.reducer import PoolState
+from engine.events.folds.reducer import PoolState
 from engine.outputs import RequestOutput
 from engine.server.engine_process import EngineProcess
 from engine.server.output_wire import OutputDelta, OutputMirror, OutputWire

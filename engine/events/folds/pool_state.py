@@ -4,7 +4,7 @@ Holds per-block ref counts, hashes and tokens, the free queue and the requests;
 ``to_snapshot`` turns it into a ``PoolSnapshot`` and ``summary`` into a
 ``PoolSummary``. ``check`` asserts the invariants between them.
 
-Writer: ``apply_event``, through the per-event rules in ``engine.events.rules``
+Writer: ``apply_event``, through the per-event rules in ``engine.events.folds.rules``
 (construction aside: ``from_snapshot`` and ``copy``).
 """
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from engine.events.fold import Fold
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.pool_summary import PoolSummary
-from engine.events.request_state import FoldedRequest
-from engine.events.request_status import RequestStatus
-from engine.events.rules import HANDLERS, ImpossibleEventError
-from engine.events.types import Event, event_from_dict
+from engine.events.folds.fold import Fold
+from engine.events.folds.folded_request import FoldedRequest
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.folds.rules import HANDLERS, ImpossibleEventError
+from engine.events.metrics.pool_summary import PoolSummary
+from engine.events.schema.request_status import RequestStatus
+from engine.events.schema.types import Event, event_from_dict
 
 
 class PoolState(Fold):

@@ -3,23 +3,23 @@
 ``HANDLERS`` maps every event class to its rule; ``PoolState.apply_event`` is
 the only caller. A rule checks that its event fits the folded state and raises
 ``ImpossibleEventError`` when it does not (the engine and reducer drifted).
-The semantics each rule follows are stated in ``engine.events.types``.
+The semantics each rule follows are stated in ``engine.events.schema.types``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.events.request_state import FoldedRequest
-from engine.events.request_status import RequestStatus
-from engine.events.types import (
+from engine.events.folds.folded_request import FoldedRequest
+from engine.events.schema.request_status import RequestStatus
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, Event, EvictionReason,
     PrefixCacheReset, PrefixHit, PrefixLookup, RequestArrived, RequestFinished, RequestForked,
     RequestPreempted, RequestProgress, RequestScheduled,
 )
 
 if TYPE_CHECKING:
-    from engine.events.pool_state import PoolState
+    from engine.events.folds.pool_state import PoolState
 
 
 class ImpossibleEventError(ValueError):

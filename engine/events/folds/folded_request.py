@@ -1,6 +1,6 @@
 """One request as the reducer folds it: its lifecycle status and its block table.
 
-Writer: the event rules in ``engine.events.rules`` (and ``PoolState`` when it is
+Writer: the event rules in ``engine.events.folds.rules`` (and ``PoolState`` when it is
 built from a snapshot or copied).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.events.pool_snapshot import RequestView
-from engine.events.request_status import RequestStatus
+from engine.events.folds.pool_snapshot import RequestView
+from engine.events.schema.request_status import RequestStatus
 
 
 @dataclass(slots=True, eq=False)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from engine.events.hash_cache_snapshot import CachedBlockView, PodCacheView
+from engine.events.folds.hash_cache_snapshot import CachedBlockView, PodCacheView
 
 
 @dataclass(frozen=True, slots=True)
