@@ -33,10 +33,6 @@ class UnitTiming:
     def median_wall_s(self) -> float:
         return statistics.median(self.wall_s)
 
-    @property
-    def median_cpu_s(self) -> float:
-        return statistics.median(self.cpu_s)
-
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
                 "thread_cpu_s": self.thread_cpu_s, "context_lens": self.context_lens}

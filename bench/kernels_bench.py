@@ -10,7 +10,6 @@ one run): it is a smoke test that the benchmark itself works.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -18,10 +17,12 @@ from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine import envs  # noqa: E402
+
+if not torch.cuda.is_available():
+    envs.TRITON_INTERPRET.set_default("1")  # before triton is imported
 from kernels import copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref  # noqa: E402
 from kernels.triton_attention import paged_attention  # noqa: E402
 from kernels.triton_cache import reshape_and_cache  # noqa: E402

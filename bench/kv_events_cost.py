@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench import workloads as W
     from bench.run_kvscope import BASE_ENGINE, warm_up
     from engine.model.loader import load_model
-    from engine.startup import configure_cpu_threads
+    from engine.engine_core.startup import configure_cpu_threads
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")

@@ -22,7 +22,7 @@ def make_engine(loaded, model: str, max_num_seqs: int, num_kv_blocks: int,
                 enable_events: bool = False, **overrides):
     """An LLMEngine over an already loaded model (no second load)."""
     from engine.config import EngineConfig
-    from engine.startup import build_engine
+    from engine.llm_engine import build_engine
 
     kw = {**BASE_ENGINE, **overrides}
     cfg = EngineConfig(model=model, max_num_seqs=max_num_seqs, num_kv_blocks=num_kv_blocks,

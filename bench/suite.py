@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import sys
 from dataclasses import dataclass, field
 
+from engine import envs
 from bench import workloads as W
 from bench.measure import RssSampler, compare_tokens, machine_info, summarize
 from bench.roofline import FULL_ROOFLINE, GOALS as ROOFLINE_GOALS, RooflineScale
@@ -69,7 +69,7 @@ def run_bench(opts: BenchOptions) -> dict:
     from bench.run_hf import load_hf, run_hf, warm_up as hf_warm_up
     from bench.run_kvscope import BASE_ENGINE, make_engine, run_kvscope, warm_up
     from engine.model.loader import load_model
-    from engine.startup import configure_cpu_threads
+    from engine.engine_core.startup import configure_cpu_threads
 
     threads = configure_cpu_threads()
     bars = _bar_factory(opts.progress)
@@ -215,8 +215,8 @@ def evaluate_targets(results: dict) -> list[dict]:
 
 def omp_wait_policy() -> str:
     """The OpenMP wait policy this process started with (libgomp reads it once, at load)."""
-    policy = os.environ.get("OMP_WAIT_POLICY")
-    spin = os.environ.get("GOMP_SPINCOUNT")
+    policy = envs.OMP_WAIT_POLICY.raw()
+    spin = envs.GOMP_SPINCOUNT.raw()
     if policy is None and spin is None:
         return "libgomp default"
     return ", ".join(f"{k}={v}" for k, v in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spin)) if v)
@@ -227,5 +227,5 @@ def default_threads_env(threads: int | None) -> None:
     way the count stays fixed for the run (no CoreGovernor, engine/cpu_threads.py): the
     ceilings and every unit are measured at the one count the results report."""
     if threads is not None:
-        os.environ["KVSCOPE_NUM_THREADS"] = str(threads)
-    os.environ.setdefault("KVSCOPE_ADAPT_THREADS", "0")
+        envs.NUM_THREADS.set(str(threads))
+    envs.ADAPT_THREADS.set_default("0")

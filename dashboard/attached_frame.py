@@ -9,7 +9,7 @@ charts read, built from the run's step records:
   metrics each step carries) and the scraped figures;
 - ``rates``: stored and removed blocks per second, per pod;
 - ``residency``: block lifetimes, idle-before-evict and reuse gaps, by folding the
-  records once more with a ``ResidencyLog`` (``engine.events.residency``).
+  records once more with a ``ResidencyLog`` (``engine.events.metrics.residency``).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 
 import pandas as pd
 
-from engine.events.hash_cache_snapshot import HashCacheSnapshot
-from engine.events.hash_cache_state import HashCacheState
-from engine.events.residency import ResidencyLog
-from engine.events.step import StepRecord
-from engine.events.types import Event
+from engine.events.folds.hash_cache_snapshot import HashCacheSnapshot
+from engine.events.folds.hash_cache_state import HashCacheState
+from engine.events.metrics.residency import ResidencyLog
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import Event
 
 SCRAPED = ("kv_cache_usage", "prefix_cache_hit_rate", "prefix_cache_hit_rate_recent",
            "num_requests_running", "num_requests_waiting", "num_preemptions", "ttft_p50_s",

@@ -23,7 +23,7 @@ from dashboard.figures.attached import (
 )
 from dashboard.panels import PLOT_CONFIG
 from engine.attach.prefix_match import detect_scheme, longest_prefix
-from engine.events.prefix_tree import PrefixTree
+from engine.events.folds.prefix_tree import PrefixTree
 
 TABS = ("Prefix tree", "Cached blocks", "Residency", "Hit rate & usage", "Shared prefixes",
         "Prompt lookup", "Event log")

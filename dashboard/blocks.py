@@ -1,6 +1,6 @@
 """What each physical block is, who owns it and what it holds: the grid's data.
 
-Pure functions over a ``PoolSnapshot`` (``engine.events.pool_snapshot``) and the
+Pure functions over a ``PoolSnapshot`` (``engine.events.folds.pool_snapshot``) and the
 last step's events; the figures only draw what these return.
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events.pool_snapshot import BlockView, PoolSnapshot
-from engine.events.types import (
+from engine.events.folds.pool_snapshot import BlockView, PoolSnapshot
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, Event, PrefixHit,
     RequestForked,
 )

@@ -10,15 +10,15 @@ and stops it when the dashboard exits.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
 
+from engine import envs
 from engine.client import LiveConnection
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.protocol.handshake import TOKEN_ENV
 
 from dashboard.live_feed import LiveFeed
@@ -112,7 +112,7 @@ def restart_managed_server() -> None:
 def connection() -> LiveConnection:
     """The shared websocket client (its thread retries while the server loads)."""
     cfg = settings()
-    return _connection(cfg.url, os.environ.get(TOKEN_ENV) or None)
+    return _connection(cfg.url, envs.TOKEN.get())
 
 
 def feed() -> LiveFeed:

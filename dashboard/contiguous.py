@@ -1,6 +1,6 @@
 """Paged vs contiguous: this run's schedule on a contiguous allocator (what-if figures).
 
-The replay itself is ``engine.events.baseline`` (the paged run's own schedule, same
+The replay itself is ``engine.events.baseline.contiguous`` (the paged run's own schedule, same
 pool capacity in token slots, starts delayed until a contiguous region is free); this
 module lines its rows up with the paged run's steps for the side-by-side bars and
 tables. Both sides cover the same steps: the paged rows come from the metrics of the
@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events import baseline
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.pool_summary import PoolSummary
+from engine.events.baseline import contiguous as baseline
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.metrics.pool_summary import PoolSummary
 
 VARIANT_LABELS = {
     "paged": "paged (this engine)",

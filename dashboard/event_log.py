@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from engine.events.types import (
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, Event, EvictionReason,
     PrefixHit, PrefixLookup, RequestArrived, RequestFinished, RequestForked, RequestProgress,
     RequestScheduled, KVAllCleared, KVBlockRemoved, KVBlockStored, KVGap, KVSegment,

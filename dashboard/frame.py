@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.schedule_trace import Schedule
-from engine.events.types import Event
+from engine.events.baseline.schedule_trace import Schedule
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.schema.types import Event
 
 
 @dataclass(slots=True)

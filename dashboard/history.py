@@ -1,4 +1,4 @@
-"""Metrics history: the per-step metrics dicts (engine.events.metrics) as tables.
+"""Metrics history: the per-step metrics dicts (engine.events.metrics.step_metrics) as tables.
 
 Live and Replay both hand a list of metrics dicts, oldest first; the charts read
 the DataFrame this builds. List-valued metrics (``ttft_s``, ``itl_s``, ``e2e_s``)

@@ -24,14 +24,14 @@ import plotly.graph_objects as go
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-from engine.events.pool_snapshot import BlockState, PoolSnapshot
+from engine import envs
+from engine.events.folds.pool_snapshot import BlockState, PoolSnapshot
 from engine.store.db import is_uri, resolve_db_path
 from lessons import LESSONS
 
 from dashboard import palette
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_ENV = "KVSCOPE_LESSON_MODEL"  # tests point this at a tiny model
 RUN_TIMEOUT_S = 600  # the slowest lesson takes under a minute on a CPU; leave ample room
 # block states, as in the text view: in use, shared (ref > 1), free but cached, free;
 # colours from the dashboard's one palette, so a state looks the same on every page
@@ -41,7 +41,7 @@ STATE_LABELS = {BlockState.USED: "in use", BlockState.SHARED: "shared (ref > 1)"
 
 
 def default_model() -> str:
-    return os.environ.get(MODEL_ENV) or os.environ.get("KVSCOPE_MODEL") or "smollm2-135m"
+    return envs.LESSON_MODEL.get() or envs.MODEL.get()
 
 
 def run_lesson(number: int, model: str) -> dict[str, Any]:

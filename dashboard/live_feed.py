@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.client import ServerError
-from engine.events.hash_cache_snapshot import HashCacheSnapshot
-from engine.events.schedule_trace import ScheduleTrace
-from engine.events.step import StepRecord
+from engine.events.baseline.schedule_trace import ScheduleTrace
+from engine.events.folds.hash_cache_snapshot import HashCacheSnapshot
+from engine.events.schema.step import StepRecord
 
 from dashboard.attached_frame import AttachedFrame
 from dashboard.frame import RunFrame

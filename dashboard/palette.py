@@ -1,6 +1,6 @@
 """One palette for every page, so a colour means the same thing everywhere.
 
-Block states are ``engine.events.pool_snapshot.BlockState`` (one rule for every
+Block states are ``engine.events.folds.pool_snapshot.BlockState`` (one rule for every
 view): free (ref 0, no hash), free-but-cached (ref 0 with a hash: hittable,
 evicted LRU), in use (ref 1), shared (ref > 1). Things that relate share a hue on
 purpose: a prefix hit reuses cached blocks (teal), a copy-on-write copy un-shares
@@ -9,7 +9,7 @@ a shared block (violet).
 
 from __future__ import annotations
 
-from engine.events.pool_snapshot import BlockState
+from engine.events.folds.pool_snapshot import BlockState
 
 # ---- block states (grid, block tables, legends) -----------------------------
 FREE, CACHED, USED, SHARED = (BlockState.FREE, BlockState.CACHED, BlockState.USED,

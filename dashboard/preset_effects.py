@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.request import child_request_id
-from engine.events.types import (
+from engine.events.schema.types import (
     BlockEvicted, CowCopy, EvictionReason, PrefixHit, RequestArrived, RequestFinished,
     RequestForked, RequestPreempted, RequestScheduled, ScheduledPhase,
 )

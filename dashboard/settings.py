@@ -10,13 +10,10 @@
 
 from __future__ import annotations
 
-import os
-import shlex
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-DEFAULT_URL = "ws://127.0.0.1:8765"
-DEFAULT_MODEL = "smollm2-135m"
+from engine import envs
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +50,8 @@ class Settings:
 
 def load() -> Settings:
     """Settings from the environment; invalid values fall back to defaults."""
-    url = os.environ.get("KVSCOPE_URL") or DEFAULT_URL
+    url = envs.URL.get()
     if not url.startswith(("ws://", "wss://")):
         url = "ws://" + url
-    try:
-        refresh = float(os.environ.get("KVSCOPE_REFRESH_S", "0.5"))
-    except ValueError:
-        refresh = 0.5
-    return Settings(url=url, model=os.environ.get("KVSCOPE_MODEL") or DEFAULT_MODEL,
-                    autostart=os.environ.get("KVSCOPE_AUTOSTART", "1") != "0",
-                    serve_args=tuple(shlex.split(os.environ.get("KVSCOPE_SERVE_ARGS", ""))),
-                    refresh_s=max(0.1, refresh))
+    return Settings(url=url, model=envs.MODEL.get(), autostart=envs.AUTOSTART.get(),
+                    serve_args=envs.SERVE_ARGS.get(), refresh_s=max(0.1, envs.REFRESH_S.get()))

@@ -14,13 +14,13 @@ from typing import Any
 
 import streamlit as st
 
-from engine.events.hash_cache_snapshot import HashCacheSnapshot
-from engine.events.run_kind import AnyState, RunKind, empty_state
-from engine.events.types import (
+from engine.events.baseline.schedule_trace import Schedule, schedule_of
+from engine.events.folds.hash_cache_snapshot import HashCacheSnapshot
+from engine.events.folds.run_kind import AnyState, RunKind, empty_state
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import (
     BlockEvicted, CowCopy, KVAllCleared, KVBlockRemoved, KVGap, KVSegment, RequestPreempted,
 )
-from engine.events.schedule_trace import Schedule, schedule_of
-from engine.events.step import StepRecord
 from engine.store.runs import RunStore
 
 from dashboard.attached_frame import AttachedFrame

@@ -1,14 +1,12 @@
 """kvscope's engine. ``from engine import LLM, SamplingParams``.
 
 The heavy parts (torch, the model) load lazily, so ``engine.core`` and
-``engine.events`` stay importable without torch.
+``engine.events`` stay importable without torch. Importing it changes nothing, not
+even the environment: the OpenMP wait policy is set by an explicit call
+(``engine.cpu_threads.set_default_wait_policy``) in the commands that run torch.
 """
 
-from engine.cpu_threads import set_default_wait_policy
-
-set_default_wait_policy()  # must run before anything imports torch (libgomp reads it once)
-
-from engine.core.sampling_params import SamplingParams  # noqa: E402
+from engine.core.sampling_params import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
 

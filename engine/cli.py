@@ -7,57 +7,12 @@ happen only inside the command that needs them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
 
 from engine.core.sampling_params import CLI_TEMPERATURE_HELP
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Engine options shared by every command that starts an engine."""
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default="smollm2-135m", help="smollm2-135m, a local HF dir or a .gguf file")
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--num-kv-blocks", type=int, default=None, help="pool size in blocks")
-    g.add_argument("--kv-cache-memory", type=int, default=None, help="KV budget in bytes")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
-    g.add_argument("--n-sharing", default="cow", choices=["cow", "prefix_cache"],
-                   help="how n > 1 samples share KV blocks: cow = copy-on-write forks "
-                   "(paper / vLLM v0), prefix_cache = child requests sharing full prompt "
-                   "blocks through the prefix cache (vLLM v1)")
-    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "fair"],
-                   help="fcfs = vLLM's arrival order; fair = each client's k-th request before "
-                   "anyone's (k+1)-th, preempting the client holding the most sequences when "
-                   "another cannot get a seat (serve's default; with one client it is fcfs)")
-    g.add_argument("--fair-ratio", type=int, default=0, metavar="R",
-                   help="fair only: no client takes more than R times the sequences (and tokens) "
-                   "of a step that the lightest client at work could use, so a heavy client "
-                   "cannot set a light one's pace (0 = off; serve's default: 2)")
-    g.add_argument("--device", default="auto")
-    g.add_argument("--dtype", default="auto",
-                   help="auto, float32, bfloat16 (on the CPU: bf16 weights, float32 compute), float16")
-    g.add_argument("--quantization", default=None, choices=["int8"],
-                   help="int8: weight-only int8 linears with float32 compute (CPU; not the default)")
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    g.add_argument("--num-threads", type=int, default=None,
-                   help="CPU torch threads (default: every usable core; serve: see engine/cpu_threads.py)")
-    g.add_argument("--seed", type=int, default=0)
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    """The EngineConfig fields the parsed arguments set (``add_engine_args`` names each
-    option after its field, so the config's own field list is the one key list)."""
-    from engine.config import EngineConfig
-
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
-            if hasattr(args, f.name)}
+from engine.engine_args import add_engine_args, engine_kwargs
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -99,23 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append")
     g.set_defaults(func=cmd_generate)
 
-    for module, fn in (("engine.store.commands", "add_store_subcommands"),
-                       ("engine.server.commands", "add_server_subcommands"),
-                       ("engine.client.commands", "add_client_subcommands"),
-                       ("engine.attach.commands", "add_attach_subcommands"),
-                       ("lessons.commands", "add_lesson_subcommands"),
-                       ("bench.commands", "add_bench_subcommands")):
-        try:
-            mod = __import__(module, fromlist=[fn])
-        except ModuleNotFoundError as exc:
-            if exc.name and module.startswith(exc.name):
-                continue  # that subsystem is not in this checkout yet
-            raise
-        getattr(mod, fn)(sub)
+    # Imported here, not at the top: each subsystem's commands module is light, but
+    # bench's package sets the OpenMP wait policy when imported (bench/__init__.py)
+    from bench.commands import add_bench_subcommands
+    from engine.attach.commands import add_attach_subcommands
+    from engine.client.commands import add_client_subcommands
+    from engine.server.commands import add_server_subcommands
+    from engine.store.commands import add_store_subcommands
+    from lessons.commands import add_lesson_subcommands
+
+    for add in (add_store_subcommands, add_server_subcommands, add_client_subcommands,
+                add_attach_subcommands, add_lesson_subcommands, add_bench_subcommands):
+        add(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.cpu_threads import set_default_wait_policy
+
+    set_default_wait_policy()  # before any command imports torch (libgomp reads it once)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -13,7 +13,7 @@ from engine.kv_events.config import KVEventsConfig
 DEFAULT_MODEL = "smollm2-135m"
 # The CPU KV budget when neither num_kv_blocks nor kv_cache_memory is given: 1 GiB
 # (~1450 blocks of 16 tokens for SmolLM2 in fp32), capped at what max_num_seqs
-# full-length sequences can use (engine.startup), so a tiny model gets a small pool.
+# full-length sequences can use (engine.engine_core.startup), so a tiny model gets a small pool.
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
 

@@ -1,8 +1,10 @@
 """The CPU thread policy: how many torch threads, and how idle OpenMP threads wait.
 
 torch runs its CPU kernels on GNU OpenMP (libgomp). libgomp reads its wait policy
-once, when ``import torch`` loads it, so ``engine/__init__`` sets the default here
-before anything imports torch. Measured on the 2-core dev box (bench/RESULTS.md,
+once, when ``import torch`` loads it, so the commands that will run torch call
+``set_default_wait_policy()`` first: ``kvscope``'s ``main`` (engine/cli.py), ``LLM()``
+(engine/llm.py imports torch only when an engine is built) and ``bench``'s package.
+Importing ``engine`` sets nothing. Measured on the 2-core dev box (bench/RESULTS.md,
 "Thread policy"; ``python -m bench.threads_ab`` reproduces it):
 
 - On a quiet box, a second thread that spins briefly at each barrier is the fastest:
@@ -19,13 +21,14 @@ every usable core, and a ``CoreGovernor`` that, between engine steps, fits the t
 thread count to the cores other processes leave free (measured from /proc/stat while
 the engine steps): 1 thread while another job holds a core of a 2-core box, back to 2
 when it stops. One rule for every use (offline ``LLM.generate``, ``kvscope bench``,
-``kvscope serve`` beside the dashboard). ``SERVE_THREADS`` would give serving its own
-count.
+``kvscope serve`` beside the dashboard). ``KVSCOPE_SERVE_THREADS`` gives serving a fixed
+count of its own.
 
 Precedence for the thread count: ``EngineConfig.num_threads``, then
-``KVSCOPE_NUM_THREADS``, then an exported ``OMP_NUM_THREADS`` (left to torch), then the
-default for the use; only the default is governed (``KVSCOPE_ADAPT_THREADS=0`` keeps
-it fixed). An exported OpenMP wait setting always wins over ours.
+``KVSCOPE_NUM_THREADS``, then an exported ``OMP_NUM_THREADS`` (left to torch), then (serve
+only) ``KVSCOPE_SERVE_THREADS``, then the default for the use; only the default is
+governed (``KVSCOPE_ADAPT_THREADS=0`` keeps it fixed). An exported OpenMP wait setting
+always wins over ours. The variables are registered in engine/envs.py.
 
 This module must not import torch at import time.
 """
@@ -39,21 +42,25 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from engine import envs
+
 log = logging.getLogger(__name__)
 
 # None would leave libgomp's own default (spin ~300k iterations, ~3 ms, then sleep);
 # 10k iterations is ~0.1 ms: long enough to catch the next parallel region of a step
-WAIT_POLICY_ENV: dict[str, str] | None = {"GOMP_SPINCOUNT": "10000"}
-SERVE_THREADS: int | None = None  # None: every usable core, as offline
-_WAIT_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+WAIT_POLICY_ENV: dict[str, str] | None = {envs.GOMP_SPINCOUNT.name: envs.GOMP_SPINCOUNT.default}
+_WAIT_VARS = (envs.OMP_WAIT_POLICY, envs.GOMP_SPINCOUNT)
 
 
 def set_default_wait_policy() -> bool:
-    """Put the default OpenMP wait policy into ``os.environ`` if it can still take
-    effect (torch not imported yet) and the user exported none; True if it did."""
-    if WAIT_POLICY_ENV is None or "torch" in sys.modules or any(v in os.environ for v in _WAIT_VARS):
+    """Put the default OpenMP wait policy into the environment if it can still take
+    effect (torch not imported yet) and the user exported none; True if it did.
+
+    Called explicitly, first thing, by what will run torch (never on import)."""
+    if WAIT_POLICY_ENV is None or "torch" in sys.modules or any(v.is_set() for v in _WAIT_VARS):
         return False
-    os.environ.update(WAIT_POLICY_ENV)
+    for name, value in WAIT_POLICY_ENV.items():
+        envs.lookup(name).set(value)
     return True
 
 
@@ -63,25 +70,20 @@ def usable_cores() -> int:
 
 def _choose(num_threads: int | None, serving: bool) -> tuple[int | None, str]:
     """The count and where it came from: "config", "env" (KVSCOPE_NUM_THREADS), "omp"
-    (an exported OMP_NUM_THREADS, left to torch: None), "serve" (SERVE_THREADS) or
-    "default" (every usable core)."""
+    (an exported OMP_NUM_THREADS, left to torch: None), "serve" (KVSCOPE_SERVE_THREADS)
+    or "default" (every usable core)."""
     if num_threads is not None:
         if not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
         return num_threads, "config"
-    env = os.environ.get("KVSCOPE_NUM_THREADS")
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"KVSCOPE_NUM_THREADS must be a positive integer, got {env!r}")
+    n = envs.NUM_THREADS.get()
+    if n is not None:
         return n, "env"
-    if "OMP_NUM_THREADS" in os.environ:
+    if envs.OMP_NUM_THREADS.is_set():
         return None, "omp"
-    if serving and SERVE_THREADS is not None:
-        return min(SERVE_THREADS, usable_cores()), "serve"
+    serve = envs.SERVE_THREADS.get() if serving else None
+    if serve is not None:
+        return min(serve, usable_cores()), "serve"
     return usable_cores(), "default"
 
 
@@ -94,7 +96,7 @@ def thread_count(num_threads: int | None = None, serving: bool = False) -> int |
 
 
 def serving_count() -> int | None:
-    """The count ``kvscope serve`` fixes for itself (``SERVE_THREADS``), or None: serve
+    """The count ``kvscope serve`` fixes for itself (``KVSCOPE_SERVE_THREADS``), or None: serve
     then takes the engine's default, governed like every other use."""
     n, source = _choose(None, True)
     return n if source == "serve" else None
@@ -104,7 +106,7 @@ def governed(num_threads: int | None = None) -> bool:
     """Whether the thread count is the default's, for a CoreGovernor to adjust (no
     explicit count anywhere, and ``KVSCOPE_ADAPT_THREADS`` is not 0)."""
     return (_choose(num_threads, False)[1] == "default"
-            and os.environ.get("KVSCOPE_ADAPT_THREADS", "1") != "0")
+            and envs.ADAPT_THREADS.get())
 
 
 # ---- the governor -------------------------------------------------------------------

@@ -16,7 +16,6 @@ from engine.core import SamplingParams
 from engine.kv_events.config import KVEventsConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from engine.startup import build_engine
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
 
@@ -30,6 +29,13 @@ class LLM:
 
     def __init__(self, model: str = DEFAULT_MODEL, kv_events_config: KVEventsConfig | dict | str | None = None,
                  **kwargs) -> None:
+        from engine.cpu_threads import set_default_wait_policy
+
+        # before the first import of torch, which engine.engine_core.startup makes (libgomp reads the
+        # wait policy once, when torch loads it); a no-op when torch is already loaded
+        set_default_wait_policy()
+        from engine.llm_engine import build_engine
+
         self.engine = build_engine(EngineConfig(model=model, kv_events_config=KVEventsConfig.coerce(kv_events_config),
                                                 **kwargs))
 

@@ -9,8 +9,8 @@ ids and answers each step with new token ids, events and a pool summary. The cor
 reached through a client, in this process or in a child of its own
 (``EngineConfig.engine_core_process``); this module imports no torch either way.
 
-Build one with ``LLMEngine.from_config(config)`` (or ``engine.startup.build_engine``
-for an in-process core on given weights). ``LLM`` wraps it for offline use.
+Build one with ``LLMEngine.from_config(config)`` (or ``build_engine`` below for an
+in-process core on given weights). ``LLM`` wraps it for offline use.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from engine.core.ids import check_request_id
 from engine.engine_core.client import InprocClient, ProcessClient, make_client
 from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
 from engine.engine_core.step_isolation import StepFault
-from engine.events.metrics import MetricsConfig, MetricsTracker
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.step import StepRecord
+from engine.events.metrics.step_metrics import MetricsConfig, MetricsTracker
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.schema.step import StepRecord
 from engine.output_processor import OutputProcessor, ProcessedOutputs
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer, tokenize_prompt
@@ -240,3 +240,13 @@ class LLMEngine:
 
     def stats(self) -> dict:
         return self.core.stats()
+
+
+def build_engine(cfg: EngineConfig, loaded=None, kv_events=None) -> LLMEngine:
+    """An engine over a core in this process (on ``loaded`` weights when given: lessons
+    and benchmarks build many engines on one model; ``kv_events``: a running publisher
+    to take over). ``cfg.engine_core_process`` is not consulted: this core is here, and
+    so is torch (``engine.engine_core.startup``)."""
+    from engine.engine_core.startup import build_engine_core
+
+    return LLMEngine(cfg, InprocClient(build_engine_core(cfg, loaded)), kv_events)

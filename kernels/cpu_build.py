@@ -15,6 +15,8 @@ import sys
 import threading
 from pathlib import Path
 
+from engine import envs
+
 logger = logging.getLogger(__name__)
 
 _loaded: dict[tuple[str, bool], object] = {}  # by (source, OpenMP build)
@@ -29,7 +31,7 @@ class KernelUnavailableError(RuntimeError):
 def missing_compiler() -> str | None:
     """Why the kernels cannot be built here, when that is because no C++ compiler is
     installed (torch's builder runs ``$CXX``, default ``c++``); None when there is one."""
-    cxx = os.environ.get("CXX", "c++")
+    cxx = envs.CXX.get()
     if shutil.which(cxx) is None:
         return f"no C++ compiler: {cxx!r} is not on PATH (install g++ to build the kernels in kernels/*.cpp)"
     return None
@@ -46,7 +48,7 @@ def _ninja_on_path() -> None:
 # Off with KVSCOPE_CPU_OPENMP=0 (and flipped by ``python -m bench.step_ab kernel_openmp``):
 # the kernels are then built without -fopenmp, as before issue 19, and run on one thread.
 # Read at each load; both builds can live in one process (they have different names).
-OPENMP = os.environ.get("KVSCOPE_CPU_OPENMP", "1") != "0"
+OPENMP = envs.CPU_OPENMP.get()
 _TORCH_OPENMP: bool | None = None  # torch's parallel backend is OpenMP; asked once
 
 
@@ -109,7 +111,7 @@ class DefaultPathKernels:
         if self.on is None:
             with _lock_enabled:
                 if self.on is None:
-                    if os.environ.get(self.env_var, "1") == "0":
+                    if not envs.lookup(self.env_var).get():
                         self.on = False
                     else:
                         try:

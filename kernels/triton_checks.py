@@ -11,11 +11,12 @@ imported; tests/conftest.py does this) on torch CPU tensors.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 import triton
+
+from engine import envs
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -26,7 +27,7 @@ def interpreting(kernel: object | None = None) -> bool:
         from triton.runtime.interpreter import InterpretedFunction
 
         return isinstance(kernel, InterpretedFunction)
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return envs.TRITON_INTERPRET.get()
 
 
 def require(cond: bool, msg: str, exc: type[Exception] = ValueError) -> None:

@@ -22,13 +22,13 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import sys
 from typing import Any
 
+from engine import envs
 from lessons.terminal import render, wants_ansi
 
-MODEL_ENV = "KVSCOPE_LESSON_MODEL"  # default --model (tests point it at a tiny model)
+MODEL_ENV = envs.LESSON_MODEL.name  # default --model (tests point it at a tiny model)
 QUIET_LOGGERS = ("engine", "kvscope", "lessons")  # INFO from these is hidden unless --verbose
 
 
@@ -163,7 +163,7 @@ def add_lesson_subcommands(subparsers: Any) -> None:
     p.add_argument("number", type=int, nargs="?", help="the lesson to run (see --list)")
     p.add_argument("--list", action="store_true", help="list the lessons")
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.add_argument("--model", default=os.environ.get(MODEL_ENV) or "smollm2-135m",
+    p.add_argument("--model", default=envs.LESSON_MODEL.get() or "smollm2-135m",
                    help=f"smollm2-135m, a local HF dir or a .gguf file (default ${MODEL_ENV} "
                    "or smollm2-135m)")
     p.add_argument("--db", help="runs database (default $KVSCOPE_DB or data/runs.sqlite)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.events.baseline import (
+from engine.events.baseline.contiguous import (
     BaselineConfig, Reservation, compare, paged_steps, simulate, trace_from_records,
 )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.events.types import BlockAllocated, RequestProgress, RequestScheduled
+from engine.events.schema.types import BlockAllocated, RequestProgress, RequestScheduled
 
 from engine.events.versions import PAGING
 

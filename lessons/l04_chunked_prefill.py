@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.events.types import RequestScheduled
+from engine.events.schema.types import RequestScheduled
 from engine.events.versions import LONG_PREFILL_CAP, UNIFIED_SCHEDULE
 
 from lessons.base import (

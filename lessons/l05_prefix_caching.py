@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from engine.events.metrics import MISS_CAUSES
+from engine.events.metrics.step_metrics import MISS_CAUSES
 from engine.events.versions import (
     FULL_BLOCK_HASHING, HIT_CAP, LRU_EVICTION, MISS_CAUSE_SPLIT, SCHEDULE_TIME_HASHING,
 )

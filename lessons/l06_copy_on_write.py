@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.core import SamplingParams
-from engine.events.types import CowCopy, RequestFinished, RequestScheduled
+from engine.events.schema.types import CowCopy, RequestFinished, RequestScheduled
 from engine.events.versions import COPY_ON_WRITE, PREFIX_CACHE_SAMPLES
 
 from lessons.base import Answer, Lesson, LessonResult, Question, bars, lines, table

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.events.types import (
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockEvicted, RequestFinished, RequestPreempted,
 )
 

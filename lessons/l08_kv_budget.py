@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.core import KVScopeError
-from engine.events.types import RequestScheduled
+from engine.events.schema.types import RequestScheduled
 from engine.events.versions import KV_BUDGET
 
 from lessons.base import Answer, Lesson, LessonResult, Question, bars, lines, table

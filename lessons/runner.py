@@ -20,9 +20,9 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.events.render import render_snapshot
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.llm_engine import LLMEngine
-from engine.startup import build_engine
+from engine.llm_engine import build_engine
 from engine.store import Recorder
 
 from lessons.base import Lesson
@@ -68,7 +68,7 @@ class LessonContext:
         """Load the weights now (so errors in a lesson's config come after)."""
         if self._loaded is None:
             from engine.model.loader import load_model
-            from engine.startup import resolve_device
+            from engine.engine_core.startup import resolve_device
 
             self._loaded = load_model(self.model, device=resolve_device(self.device))
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core import SamplingParams
-from engine.events.types import Event, PrefixLookup, RequestProgress
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.reducer import PoolState
-from engine.events.step import StepRecord
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.folds.reducer import PoolState
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import Event, PrefixLookup, RequestProgress
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,10 @@ bullets ("- ") and line breaks read fine as they are.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import TextIO
+
+from engine import envs
 
 _BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*", re.S)
 # one star each side, not part of "**", not a multiplication ("2 * 3") or a glob
@@ -21,8 +22,8 @@ BOLD_ON, BOLD_OFF = "\033[1m", "\033[0m"
 def wants_ansi(stream: TextIO) -> bool:
     """Bold only on a real terminal that has not asked for no colour (NO_COLOR)."""
     isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty()) and "NO_COLOR" not in os.environ and \
-        os.environ.get("TERM") != "dumb"
+    return bool(isatty and isatty()) and not envs.NO_COLOR.get() and \
+        envs.TERM.get() != "dumb"
 
 
 def render(text: str, ansi: bool = False) -> str:

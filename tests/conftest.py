@@ -7,15 +7,17 @@ so it is set here, at collection start.
 
 import os
 
+from engine import envs
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if os.environ.get("KVSCOPE_FORCE_COMPILED_TRITON") != "1":
+if not envs.FORCE_COMPILED_TRITON.get():
     try:
         import torch
 
         if not torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")
+            envs.TRITON_INTERPRET.set_default("1")
     except ImportError:  # the no-torch core tests run in subprocesses anyway
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        envs.TRITON_INTERPRET.set_default("1")
 
 
 import pytest  # noqa: E402

@@ -6,7 +6,9 @@ Nodes are the subpackages (``engine.core``, ``engine.events``, ``engine.model``,
 ``engine.server``, ``engine.store``, ...) and the top-level modules (``engine.llm``,
 ``engine.cli``, ...); an edge is any import between two of them, at module level,
 inside a function or under ``TYPE_CHECKING`` alike (read with ``ast``, nothing is
-imported).
+imported). ``__import__("x")`` and ``importlib.import_module("x")`` count as imports of
+``x``; one whose module is not a string literal is an import the graph cannot see, and
+fails ``test_no_import_hidden_from_the_graph``.
 """
 
 from __future__ import annotations
@@ -36,11 +38,32 @@ def _node(name: str) -> str | None:
     return "engine" if len(parts) == 1 else f"engine.{parts[1]}"
 
 
+def _dynamic_import(n: ast.AST) -> ast.expr | None:
+    """The module argument of an ``__import__(...)`` or ``importlib.import_module(...)``
+    call, else None."""
+    if not isinstance(n, ast.Call) or not n.args:
+        return None
+    f = n.func
+    if (isinstance(f, ast.Name) and f.id in ("__import__", "import_module")) or \
+            (isinstance(f, ast.Attribute) and f.attr in ("__import__", "import_module")):
+        return n.args[0]
+    return None
+
+
+def hidden_imports(source: str) -> list[int]:
+    """Lines of dynamic imports whose module is not a string literal."""
+    return [n.lineno for n in ast.walk(ast.parse(source)) if (arg := _dynamic_import(n)) is not None
+            and not (isinstance(arg, ast.Constant) and isinstance(arg.value, str))]
+
+
 def _imported_modules(path: Path, module: str) -> set[str]:
     out: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for n in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(n, ast.Import):
+        arg = _dynamic_import(n)
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            out.add(arg.value)
+        elif isinstance(n, ast.Import):
             out.update(a.name for a in n.names)
         elif isinstance(n, ast.ImportFrom):
             if n.level:
@@ -48,9 +71,11 @@ def _imported_modules(path: Path, module: str) -> set[str]:
                 mod = ".".join(base + ([n.module] if n.module else []))
             else:
                 mod = n.module
-            out.add(mod)
-            # ``from engine.core import snapshot`` imports a module, ``import Scheduler`` a name
-            out.update(f"{mod}.{a.name}" for a in n.names if _is_module(f"{mod}.{a.name}"))
+            # ``from engine.core import snapshot`` imports a module (as ``import
+            # engine.core.snapshot`` does), ``from engine.core import Scheduler`` a name of the
+            # package's own ``__init__``
+            for a in n.names:
+                out.add(f"{mod}.{a.name}" if _is_module(f"{mod}.{a.name}") else mod)
     return out
 
 
@@ -123,3 +148,35 @@ def test_events_and_core_stay_at_the_bottom():
 def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_hidden_from_the_graph():
+    hidden = {str(p.relative_to(ROOT)): lines for p in sorted(PACKAGE.rglob("*.py"))
+              if (lines := hidden_imports(p.read_text()))}
+    assert hidden == {}, "import these with an import statement, so the graph sees them"
+
+
+def test_dynamic_imports_are_edges_or_failures():
+    # engine.cli once registered its subcommands through __import__(module) in a loop,
+    # which hid an engine.cli <-> engine.server cycle from the graph
+    loop = "for module in ('engine.server.commands',):\n    mod = __import__(module)\n"
+    assert hidden_imports(loop) == [2]
+    assert hidden_imports("import importlib\nimportlib.import_module(name)\n") == [2]
+    assert hidden_imports("__import__('engine.server')\n") == []
+
+
+def test_the_command_line_is_the_top():
+    graph = package_graph()
+    assert {"engine.server", "engine.store", "engine.attach", "engine.client"} <= graph["engine.cli"]
+    assert not any("engine.cli" in deps for deps in graph.values())
+
+
+def test_each_class_name_is_defined_once_in_engine():
+    # two RequestStates (the reducer's and the output processor's) read the same in an
+    # import line and a traceback; a name says which concept it is
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for n in ast.parse(path.read_text()).body:
+            if isinstance(n, ast.ClassDef):
+                where.setdefault(n.name, []).append(str(path.relative_to(ROOT)))
+    assert {k: v for k, v in where.items() if len(v) > 1} == {}

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from dashboard import palette
 from dashboard.figures.style import base_layout, empty_figure
-from engine.events.prefix_tree import PrefixTree
+from engine.events.folds.prefix_tree import PrefixTree
 
 MAX_TREE_NODES = 1500  # an icicle past this is unreadable and slow; the biggest subtrees are kept
 POD_COLORS = ("#3B82F6", "#F97316", "#22C55E", "#8B5CF6", "#EF4444", "#0EA5E9", "#EAB308", "#64748B")

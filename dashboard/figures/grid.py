@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.folds.pool_snapshot import PoolSnapshot
 
 import numpy as np
 import plotly.graph_objects as go

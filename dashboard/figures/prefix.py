@@ -1,6 +1,6 @@
 """Prefix cache: hit rate over time and where the misses come from.
 
-Misses are split by cause (engine.events.metrics: cold, evicted, partial,
+Misses are split by cause (engine.events.metrics.step_metrics: cold, evicted, partial,
 disabled) because a bare hit rate does not say what to fix (vLLM #54607: a 0%
 hit rate caused by a shared prefix shorter than one block). The lookups of
 requests resumed after a preemption are drawn apart, as "recomputed after

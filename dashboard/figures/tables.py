@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.folds.pool_snapshot import PoolSnapshot
 
 import plotly.graph_objects as go
 

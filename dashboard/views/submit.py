@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 
 import streamlit as st
 
+from engine import envs
 from engine.client import ServerError
 from engine.openai.snippets import TOKEN_ENV, curl_snippet, python_snippet
 
@@ -167,7 +167,7 @@ def _api_snippets() -> None:
     # The name the API answers to (--served-model-name, else --model), as /healthz says it.
     health = probe_health(settings().health_url) or {}
     model = health.get("served_model_name") or settings().model
-    token = bool(os.environ.get(TOKEN_ENV))
+    token = envs.TOKEN.get() is not None
     with st.expander("From your own code: the OpenAI API on the same port", expanded=False):
         st.caption("Any OpenAI client, app or benchmark can drive this engine; its requests "
                    "appear on the Live page and in the recording (source `openai`), and each "

@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.store.recorder_health import RecorderHealth
 
 

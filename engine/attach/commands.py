@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any
 
-POD_KEYS = {"replay": "--replay", "topic": "--topic", "metrics": "--metrics", "pod": "--pod"}
+from engine import envs
 
 
 class _NewPod(argparse.Action):
@@ -84,7 +83,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
     tokenizer = resolve_tokenizer_file(args.tokenizer) if args.tokenizer else None
     return AttachOptions(pods, host=args.host, port=args.port, db=args.db, record=args.record,
                          label=args.label, allow_remote=args.allow_remote,
-                         token=os.environ.get(TOKEN_ENV) or None, tokenizer_file=tokenizer,
+                         token=envs.TOKEN.get(), tokenizer_file=tokenizer,
                          allowed_hosts=tuple(args.allowed_hosts),
                          scrape_interval_s=args.scrape_interval)
 

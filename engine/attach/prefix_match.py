@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.core.hashing import hash_full_blocks
-from engine.events.hash_cache_snapshot import PodCacheView
-from engine.events.hash_key import hash_key
-from engine.events.prefix_tree import PrefixTree
+from engine.events.folds.hash_cache_snapshot import PodCacheView
+from engine.events.folds.prefix_tree import PrefixTree
+from engine.events.schema.hash_key import hash_key
 from engine.kv_events.mapping import vllm_block_hash
 
 KVSCOPE = "kvscope"  # the one hash scheme reproducible here
@@ -33,7 +33,7 @@ BY_HASH, BY_TOKENS = "hash", "token ids"
 
 
 @dataclass(frozen=True, slots=True)
-class PrefixMatch:
+class PodPrefixMatch:
     pod: str
     method: str  # BY_HASH | BY_TOKENS
     block_size: int | None
@@ -68,14 +68,14 @@ def detect_scheme(pod: PodCacheView, sample: int = 16) -> str | None:
 
 
 def longest_prefix(pod: PodCacheView, token_ids: Sequence[int], scheme: str | None = None,
-                   tree: PrefixTree | None = None) -> PrefixMatch:
+                   tree: PrefixTree | None = None) -> PodPrefixMatch:
     """The prompt's longest run of leading full blocks cached on ``pod`` (its main medium).
 
     ``scheme`` ``"kvscope"`` matches by hash; None matches by token ids."""
     bs = pod.block_size
     tokens = list(token_ids)
     if not bs:
-        return PrefixMatch(pod.pod, BY_TOKENS if scheme is None else BY_HASH, bs, len(tokens), 0, ())
+        return PodPrefixMatch(pod.pod, BY_TOKENS if scheme is None else BY_HASH, bs, len(tokens), 0, ())
     tree = tree or PrefixTree(pod)
     found: list[str] = []
     if scheme == KVSCOPE:
@@ -83,7 +83,7 @@ def longest_prefix(pod: PodCacheView, token_ids: Sequence[int], scheme: str | No
             if h not in tree.blocks:
                 break
             found.append(h)
-        return PrefixMatch(pod.pod, BY_HASH, bs, len(tokens), len(found), tuple(found))
+        return PodPrefixMatch(pod.pod, BY_HASH, bs, len(tokens), len(found), tuple(found))
     candidates = [h for h in tree.roots if tree.blocks[h].parent is None]
     for i in range(len(tokens) // bs):
         want = tuple(tokens[i * bs:(i + 1) * bs])
@@ -92,4 +92,4 @@ def longest_prefix(pod: PodCacheView, token_ids: Sequence[int], scheme: str | No
             break
         found.append(nxt)
         candidates = tree.children.get(nxt, [])
-    return PrefixMatch(pod.pod, BY_TOKENS, bs, len(tokens), len(found), tuple(found))
+    return PodPrefixMatch(pod.pod, BY_TOKENS, bs, len(tokens), len(found), tuple(found))

@@ -1,8 +1,8 @@
-"""A decoded KV event batch → kvscope's hash-only events (``engine.events.types``).
+"""A decoded KV event batch → kvscope's hash-only events (``engine.events.schema.types``).
 
 ``BlockStored`` → ``kv_block_stored``, ``BlockRemoved`` → ``kv_block_removed``,
 ``AllBlocksCleared`` → ``kv_all_cleared``, each tagged with the pod, the step and
-the batch's ``ts``; hashes become strings (``engine.events.hash_key``). Event types
+the batch's ``ts``; hashes become strings (``engine.events.schema.hash_key``). Event types
 this decoder does not know (a newer engine's) are counted, not recorded: they say
 nothing kvscope can fold.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.events.hash_key import hash_key
-from engine.events.types import Event, KVAllCleared, KVBlockRemoved, KVBlockStored
+from engine.events.schema.hash_key import hash_key
+from engine.events.schema.types import Event, KVAllCleared, KVBlockRemoved, KVBlockStored
 from engine.kv_events.types import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 

@@ -35,10 +35,10 @@ from typing import Any
 from engine.attach.pod_source import PodSource
 from engine.attach.stream_items import Hole, NewSegment, Received, StreamItem
 from engine.attach.translate import translate
-from engine.events.hash_cache_state import HashCacheState
-from engine.events.run_kind import RunKind
-from engine.events.step import StepRecord
-from engine.events.types import PROTOCOL_VERSION, Event, KVGap, KVSegment
+from engine.events.folds.hash_cache_state import HashCacheState
+from engine.events.folds.run_kind import RunKind
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import PROTOCOL_VERSION, Event, KVGap, KVSegment
 from engine.protocol.errors import ErrorCode
 from engine.protocol.messages import Error, Hello, Snapshot
 from engine.protocol.ops import TakeSnapshot

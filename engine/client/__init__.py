@@ -12,7 +12,7 @@ No torch and no model anywhere in this package: the dashboard imports it.
 from engine.client.client import KVScopeClient
 from engine.client.connect import DEFAULT_URL, ServerError
 from engine.client.live import LiveConnection
-from engine.client.live_state import LinkStatus, LiveView, RequestProgress
+from engine.client.live_state import LinkStatus, LiveView, SubmittedRequest
 
 __all__ = ["DEFAULT_URL", "KVScopeClient", "LinkStatus", "LiveConnection", "LiveView",
-           "RequestProgress", "ServerError"]
+           "ServerError", "SubmittedRequest"]

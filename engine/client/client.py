@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from engine.client.connect import DEFAULT_URL, ServerError, open_connection, submit_op
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.protocol.codec import decode_message, encode
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import (

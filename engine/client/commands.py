@@ -6,9 +6,9 @@ Imports stay light here: the CLI builds its parser for every command.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
+from engine import envs
 from engine.core.sampling_params import CLI_TEMPERATURE_HELP, cli_temperature
 from engine.protocol.handshake import TOKEN_ENV
 
@@ -43,7 +43,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
               "max_tokens": args.max_tokens, "seed": args.seed, "stop": args.stop or []}
     kwargs = ({"messages": [{"role": "user", "content": args.prompt}]} if args.chat
               else {"prompt": args.prompt})
-    client = KVScopeClient(args.url, token=args.token or os.environ.get(TOKEN_ENV))
+    client = KVScopeClient(args.url, token=args.token or envs.TOKEN.get())
     try:
         client.connect(wait=args.wait)
         rid = client.submit(params=params, **kwargs)

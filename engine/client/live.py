@@ -23,8 +23,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from engine.client.connect import DEFAULT_URL, ServerError, open_connection, submit_op
-from engine.client.live_state import LinkNote, LinkStatus, LiveState, LiveView, RequestProgress
-from engine.events.step import StepRecord
+from engine.client.live_state import LinkNote, LinkStatus, LiveState, LiveView, SubmittedRequest
+from engine.events.schema.step import StepRecord
 from engine.protocol.codec import decode_message, encode
 from engine.protocol.errors import ProtocolError
 from engine.protocol.messages import Accepted, Error, Message, Ok, Steps
@@ -32,7 +32,7 @@ from engine.protocol.ops import (
     Abort, AbortAll, Op, ResetPrefixCache, Restart, StepsSince, TakeSnapshot,
 )
 
-__all__ = ["LinkStatus", "LiveConnection", "LiveView", "RequestProgress"]
+__all__ = ["LinkStatus", "LiveConnection", "LiveView", "SubmittedRequest"]
 
 
 def _reply_key(msg: Message) -> str | None:
@@ -96,7 +96,7 @@ class LiveConnection:
             self._try_send(TakeSnapshot())
         return view
 
-    def outputs(self, request_id: str) -> RequestProgress | None:
+    def outputs(self, request_id: str) -> SubmittedRequest | None:
         """A copy of what arrived for one of this connection's requests."""
         with self._lock:
             p = self._live.requests.get(request_id)

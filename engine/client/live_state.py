@@ -19,9 +19,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events.reducer import ImpossibleEventError
-from engine.events.run_kind import AnySnapshot, AnyState, state_from_snapshot
-from engine.events.step import StepRecord
+from engine.events.folds.reducer import ImpossibleEventError
+from engine.events.folds.run_kind import AnySnapshot, AnyState, state_from_snapshot
+from engine.events.schema.step import StepRecord
 from engine.protocol.messages import Error, Finished, Hello, Message, Output, Snapshot, Step
 
 
@@ -64,7 +64,7 @@ class LiveView:
 
 
 @dataclass(slots=True)
-class RequestProgress:
+class SubmittedRequest:
     """What arrived for one of this client's requests."""
 
     request_id: str
@@ -73,8 +73,8 @@ class RequestProgress:
     finished: Finished | None = None
     error: Error | None = None
 
-    def copy(self) -> RequestProgress:
-        return RequestProgress(self.request_id, dict(self.texts),
+    def copy(self) -> SubmittedRequest:
+        return SubmittedRequest(self.request_id, dict(self.texts),
                                {k: list(v) for k, v in self.token_ids.items()}, self.finished, self.error)
 
 
@@ -93,7 +93,7 @@ class LiveState:
         self.errors: deque[Error | LinkNote] = deque(maxlen=50)
         self.gaps = 0
         self.max_requests = max_requests
-        self.requests: OrderedDict[str, RequestProgress] = OrderedDict()
+        self.requests: OrderedDict[str, SubmittedRequest] = OrderedDict()
 
     # ---- reading ----------------------------------------------------------------------
 
@@ -113,7 +113,7 @@ class LiveState:
 
     def track(self, request_id: str) -> None:
         """Collect outputs for one of our requests (the oldest are forgotten past the bound)."""
-        self.requests[request_id] = RequestProgress(request_id)
+        self.requests[request_id] = SubmittedRequest(request_id)
         while len(self.requests) > self.max_requests:
             self.requests.popitem(last=False)
 

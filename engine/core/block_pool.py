@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.core.event_log import EventLog
-from engine.events.types import BlockCached, BlockEvicted, BlockFreed, EvictionReason
+from engine.events.schema.types import BlockCached, BlockEvicted, BlockFreed, EvictionReason
 
 BlockHook = Callable[["Block"], None]
 

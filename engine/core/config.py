@@ -15,7 +15,8 @@ from engine.core.errors import ConfigError, KVCacheTooSmallError
 
 MAX_BLOCK_SIZE = 1024  # tokens; vLLM's largest supported block is far smaller
 
-# How the samples of an ``n > 1`` request share KV blocks (engine.events.versions.N_SHARING):
+# How the samples of an ``n > 1`` request share KV blocks (engine.events.versions:
+# COPY_ON_WRITE, PREFIX_CACHE_SAMPLES):
 # "cow" forks them after the prompt, sharing every block, the partial last one too, and
 # copies a shared block before a write (the PagedAttention paper, vLLM v0); "prefix_cache"
 # runs them as n separate child requests that share full prompt blocks through the prefix

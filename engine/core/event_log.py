@@ -8,8 +8,8 @@ so ``LLMEngine.stats()`` is right either way.
 
 from __future__ import annotations
 
-from engine.events.event_counts import EventCounts
-from engine.events.types import Event
+from engine.events.metrics.event_counts import EventCounts
+from engine.events.schema.types import Event
 
 
 class EventLog:

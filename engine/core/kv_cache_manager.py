@@ -16,7 +16,7 @@ from engine.core.event_log import EventLog
 from engine.core.hashing import hash_full_blocks
 from engine.core.miss_causes import MissCauses, default_max_remembered
 from engine.core.request import Request
-from engine.events.types import (
+from engine.events.schema.types import (
     BlockAllocated, CowCopy, EvictionReason, PrefixCacheReset, PrefixHit, PrefixLookup,
     RequestForked,
 )

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.core.sampling_params import SEED_LIMIT, SamplingParams
-from engine.events.request_status import RequestStatus
+from engine.events.schema.request_status import RequestStatus
 
 __all__ = ["Request", "RequestStatus"]
 

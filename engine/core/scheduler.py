@@ -40,9 +40,9 @@ from engine.core.parallel_sampling import fan_out
 from engine.core.request import Request, RequestStatus, child_request_id
 from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 from engine.core.snapshot import build_snapshot, summarize_pool
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.pool_summary import PoolSummary
-from engine.events.types import (
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.metrics.pool_summary import PoolSummary
+from engine.events.schema.types import (
     RequestArrived, RequestFinished, RequestPreempted, RequestProgress, RequestScheduled,
     ScheduledPhase,
 )

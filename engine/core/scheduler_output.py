@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core.sampling_params import SamplingParams
-from engine.events.types import ScheduledPhase
+from engine.events.schema.types import ScheduledPhase
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The engine's true state as the events' types: a ``PoolSnapshot`` or a ``PoolSummary``.
 
 Both come from the manager's tables and pool and the scheduler's requests; the
-fill of each block is ``engine.events.pool_summary``'s (the one definition).
+fill of each block is ``engine.events.metrics.pool_summary``'s (the one definition).
 Writer: none (read-only views built on demand by ``Scheduler.snapshot`` and
 ``Scheduler.pool_summary``).
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from engine.events.pool_snapshot import PoolSnapshot, RequestView
-from engine.events.pool_summary import PoolSummary
+from engine.events.folds.pool_snapshot import PoolSnapshot, RequestView
+from engine.events.metrics.pool_summary import PoolSummary
 
 if TYPE_CHECKING:
     from engine.core.kv_cache_manager import KVCacheManager

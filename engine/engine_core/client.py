@@ -30,7 +30,7 @@ import msgspec
 
 from engine.engine_core import messages as m
 from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
-from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.folds.pool_snapshot import PoolSnapshot
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -153,13 +153,13 @@ class ProcessClient:
         return answer.value
 
     def add_request(self, request: EngineCoreRequest) -> list[str]:
-        return m.decode(self._call(m.AddRequest(request)), list[str])
+        return m.decode(self._call(m.AddRequestCall(request)), list[str])
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        self._call(m.AbortRequests(request_ids))
+        self._call(m.AbortRequestsCall(request_ids))
 
     def step(self, stop_ids: list[str], summary: bool) -> CoreStep:
-        return m.decode_step(self._call(m.Step(stop_ids, summary)))
+        return m.decode_step(self._call(m.StepCall(stop_ids, summary)))
 
     def has_unfinished_requests(self) -> bool:
         return self._unfinished
@@ -168,16 +168,16 @@ class ProcessClient:
         return self._pending
 
     def reset_prefix_cache(self) -> int:
-        return m.decode(self._call(m.ResetPrefixCache()), int)
+        return m.decode(self._call(m.ResetPrefixCacheCall()), int)
 
     def snapshot(self, tokens: bool = True) -> PoolSnapshot:
-        return PoolSnapshot.from_dict(m.decode(self._call(m.TakeSnapshot(tokens)), dict))
+        return PoolSnapshot.from_dict(m.decode(self._call(m.SnapshotCall(tokens)), dict))
 
     def stats(self) -> dict:
-        return m.decode(self._call(m.GetStats()), dict)
+        return m.decode(self._call(m.StatsCall()), dict)
 
     def restart(self, options: dict[str, Any], limits: dict[str, int] | None) -> CoreStep | None:
-        done = m.decode(self._call(m.Restart(options, limits)), m.Restarted)
+        done = m.decode(self._call(m.RestartCall(options, limits)), m.Restarted)
         self.info = done.info
         return None if done.closing == m.NIL else m.decode_step(done.closing)
 
@@ -188,7 +188,7 @@ class ProcessClient:
         """Stop the child in order (it answers nothing more), or kill it after ``timeout``."""
         if self.process.is_alive():
             try:
-                self._conn.send_bytes(m.encode(m.Shutdown()))
+                self._conn.send_bytes(m.encode(m.ShutdownCall()))
             except OSError:
                 pass
             self.process.join(timeout)
@@ -207,7 +207,7 @@ def make_client(config: EngineConfig, progress: Callable[[str], None] | None = N
     core here, and so imports torch here)."""
     if config.engine_core_process:
         return ProcessClient(config, progress, should_stop)
-    from engine.startup import build_engine_core
+    from engine.engine_core.startup import build_engine_core
 
     return InprocClient(build_engine_core(config))
 

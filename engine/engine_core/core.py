@@ -13,7 +13,7 @@ own run raises are failed; a fault elsewhere in the step (scheduling, the update
 the requests the step held. Either way the failed user requests are finished
 (``abort``) in the scheduler and named in ``CoreStep.fault``, so the engine tells
 their submitters and ends their outputs; nobody outside the core touches the
-scheduler. Built by ``engine.startup.build_engine_core``. Writer of: the scheduler
+scheduler. Built by ``engine.engine_core.startup.build_engine_core``. Writer of: the scheduler
 (and through it the KV cache manager and pool) and the runner's state.
 """
 
@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 from engine.core import ModelRunnerOutput, Request, RequestStatus, SchedulerOutput
 from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
 from engine.engine_core.step_isolation import RequestFailure, StepFault, split_step
-from engine.events.pool_snapshot import PoolSnapshot
+from engine.events.folds.pool_snapshot import PoolSnapshot
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.core import Scheduler
-    from engine.engine_parts import EngineParts
+    from engine.engine_core.parts import EngineParts
 
 logger = logging.getLogger(__name__)
 

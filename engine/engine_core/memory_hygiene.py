@@ -35,20 +35,21 @@ import ctypes
 import ctypes.util
 import gc
 import logging
-import os
 import time
 from collections.abc import Callable
+
+from engine import envs
 
 log = logging.getLogger("kvscope.server")
 
 CPU_SHAPE_CACHE_ENTRIES = 128
-SHAPE_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+SHAPE_CACHE_SWITCHES = (envs.ONEDNN_PRIMITIVE_CACHE_CAPACITY, envs.LRU_CACHE_CAPACITY)
 TRIM_INTERVAL_S = 30.0
 
 
 def bound_cpu_shape_caches(entries: int = CPU_SHAPE_CACHE_ENTRIES) -> None:
-    for name in SHAPE_CACHE_ENV:
-        os.environ.setdefault(name, str(entries))
+    for switch in SHAPE_CACHE_SWITCHES:
+        switch.set_default(str(entries))
 
 
 def freeze_heap() -> int:

@@ -9,7 +9,7 @@ run (tests/engine_core/test_wire.py holds that).
 
 The in-process client hands these values over as they are; the process client sends
 them as msgspec msgpack (``encode`` / ``decode_*`` below). Events are frozen
-dataclasses of ``engine.events.types``, one type per tag, so each crosses as
+dataclasses of ``engine.events.schema.types``, one type per tag, so each crosses as
 ``(type, fields)`` and is decoded into its own class. Torch-free: the serving process
 imports this module.
 """
@@ -27,8 +27,8 @@ from engine.core.errors import (
     QueueFullError, SamplingParamsError,
 )
 from engine.core.sampling_params import SamplingParams
-from engine.events.pool_summary import PoolSummary
-from engine.events.types import EVENT_TYPES, Event
+from engine.events.metrics.pool_summary import PoolSummary
+from engine.events.schema.types import EVENT_TYPES, Event
 from engine.engine_core.step_isolation import StepFault
 
 
@@ -83,41 +83,42 @@ class CoreStep:
 # ---- commands (engine -> core process) ----------------------------------------------
 
 
-class AddRequest(msgspec.Struct, tag=True):
+class AddRequestCall(msgspec.Struct, tag=True):
     request: EngineCoreRequest
 
 
-class AbortRequests(msgspec.Struct, tag=True):
+class AbortRequestsCall(msgspec.Struct, tag=True):
     request_ids: list[str]
 
 
-class Step(msgspec.Struct, tag=True):
+class StepCall(msgspec.Struct, tag=True):
     stop_ids: list[str]  # stop strings the output processor matched last step
     summary: bool  # is a pool summary wanted (someone reads the metrics)
 
 
-class ResetPrefixCache(msgspec.Struct, tag=True):
+class ResetPrefixCacheCall(msgspec.Struct, tag=True):
     pass
 
 
-class TakeSnapshot(msgspec.Struct, tag=True):
+class SnapshotCall(msgspec.Struct, tag=True):
     tokens: bool = True
 
 
-class GetStats(msgspec.Struct, tag=True):
+class StatsCall(msgspec.Struct, tag=True):
     pass
 
 
-class Restart(msgspec.Struct, tag=True):
+class RestartCall(msgspec.Struct, tag=True):
     options: dict[str, Any]
     limits: dict[str, int] | None
 
 
-class Shutdown(msgspec.Struct, tag=True):
+class ShutdownCall(msgspec.Struct, tag=True):
     pass
 
 
-Command = AddRequest | AbortRequests | Step | ResetPrefixCache | TakeSnapshot | GetStats | Restart | Shutdown
+Command = (AddRequestCall | AbortRequestsCall | StepCall | ResetPrefixCacheCall | SnapshotCall | StatsCall
+           | RestartCall | ShutdownCall)
 
 
 # ---- answers (core process -> engine) -----------------------------------------------

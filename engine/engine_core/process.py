@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from engine.cpu_threads import set_default_wait_policy
 from engine.engine_core import messages as m
 from engine.engine_core.memory_hygiene import Trimmer, bound_cpu_shape_caches, freeze_heap
 
@@ -46,13 +47,14 @@ def run_core_process(config: Any, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    set_default_wait_policy()  # before torch is imported (engine.cpu_threads)
     bound_cpu_shape_caches()  # before the model's first op (memory_hygiene)
     engine_log = logging.getLogger("engine")
     handler = _ProgressLines(conn)
     engine_log.addHandler(handler)
     engine_log.setLevel(logging.INFO)
     try:
-        from engine.startup import build_engine_core
+        from engine.engine_core.startup import build_engine_core
 
         core = build_engine_core(config)
     except BaseException as exc:  # any load failure is reported, never raised into a void
@@ -69,7 +71,7 @@ def run_core_process(config: Any, conn: Connection) -> None:
             command = m.command_decoder.decode(conn.recv_bytes())
         except EOFError:  # the engine's process is gone
             return
-        if isinstance(command, m.Shutdown):
+        if isinstance(command, m.ShutdownCall):
             return
         value, failure = m.NIL, None
         try:
@@ -84,19 +86,19 @@ def run_core_process(config: Any, conn: Connection) -> None:
 
 def _execute(core: Any, command: Any) -> Any:
     """One command on the core; its value, ready for the answer (msgpack raw)."""
-    if isinstance(command, m.Step):
+    if isinstance(command, m.StepCall):
         return m.encode_step(core.step(command.stop_ids, command.summary))
-    if isinstance(command, m.AddRequest):
+    if isinstance(command, m.AddRequestCall):
         return _raw(core.add_request(command.request))
-    if isinstance(command, m.AbortRequests):
+    if isinstance(command, m.AbortRequestsCall):
         return _raw(core.abort_requests(command.request_ids))
-    if isinstance(command, m.ResetPrefixCache):
+    if isinstance(command, m.ResetPrefixCacheCall):
         return _raw(core.reset_prefix_cache())
-    if isinstance(command, m.TakeSnapshot):
+    if isinstance(command, m.SnapshotCall):
         return _raw(core.snapshot(command.tokens).to_dict())
-    if isinstance(command, m.GetStats):
+    if isinstance(command, m.StatsCall):
         return _raw(core.stats())
-    if isinstance(command, m.Restart):
+    if isinstance(command, m.RestartCall):
         closing = core.restart(command.options, command.limits)
         return _raw(m.Restarted(m.NIL if closing is None else m.encode_step(closing), core.info))
     raise TypeError(f"the engine core has no command {type(command).__name__}")

@@ -49,7 +49,7 @@ def rebuilt(old: EngineCore, options: dict[str, Any], limits: dict[str, int] | N
     """The core ``old`` becomes with ``options``; raises (KVScopeError, TypeError,
     ValueError) and leaves ``old`` serving when they are refused. ``limits``: the
     operator's, as ``RestartLimits`` fields (default: what ``old`` has)."""
-    from engine.startup import build_engine_core
+    from engine.engine_core.startup import build_engine_core
 
     bounds = RestartLimits(**limits) if limits is not None else RestartLimits.of(old.info)
     cfg = dataclasses.replace(old.config, **options)

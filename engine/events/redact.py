@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.step import StepRecord
-from engine.events.types import BlockCached, Event, RequestArrived, RequestForked, RequestProgress
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import BlockCached, Event, RequestArrived, RequestForked, RequestProgress
 
 _FIELDS = {BlockCached: "token_ids", RequestArrived: "prompt_token_ids", RequestForked: "token_ids",
            RequestProgress: "new_token_ids"}

@@ -5,7 +5,7 @@ Reads a ``PoolSnapshot``; never changes it.
 
 from __future__ import annotations
 
-from engine.events.pool_snapshot import BlockState, BlockView, PoolSnapshot
+from engine.events.folds.pool_snapshot import BlockState, BlockView, PoolSnapshot
 
 FREE, CACHED, USED, SHARED = ".", "c", "#", "S"
 _CHARS = {BlockState.FREE: FREE, BlockState.CACHED: CACHED, BlockState.USED: USED,

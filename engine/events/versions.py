@@ -141,14 +141,3 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     SCHEDULE_TIME_HASHING, HIT_CAP, TAIL_FIRST_FREE, LRU_EVICTION, HASHLESS_FIRST,
     UNIFIED_SCHEDULE, LONG_PREFILL_CAP, PREEMPT_NEWEST, FAIR_SHARES, KV_BUDGET, MISS_CAUSE_SPLIT,
 )
-
-# EngineConfig.n_sharing's values and the behaviour each models.
-N_SHARING = {"cow": COPY_ON_WRITE, "prefix_cache": PREFIX_CACHE_SAMPLES}
-
-
-def behaviour(key: str) -> Behaviour:
-    """The behaviour with this key; KeyError naming the known ones otherwise."""
-    for b in BEHAVIOURS:
-        if b.key == key:
-            return b
-    raise KeyError(f"no behaviour {key!r}; known: {', '.join(b.key for b in BEHAVIOURS)}")

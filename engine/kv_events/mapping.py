@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine.events.types import BlockCached, BlockEvicted, Event, PrefixCacheReset
+from engine.events.schema.types import BlockCached, BlockEvicted, Event, PrefixCacheReset
 from engine.kv_events.types import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 _KV_TYPES = (BlockCached, BlockEvicted, PrefixCacheReset)

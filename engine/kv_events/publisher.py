@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 
 from engine.core.errors import ConfigError
-from engine.events.types import Event, PrefixCacheReset
+from engine.events.schema.types import Event, PrefixCacheReset
 from engine.kv_events.config import KVEventsConfig, should_bind
 from engine.kv_events.encoding import BatchEncoder, seq_bytes
 from engine.kv_events.mapping import has_kv_events, to_kv_events

@@ -33,9 +33,6 @@ class ReplayBuffer:
     def append(self, seq: int, payload: bytes) -> None:
         self._buf.append((seq, payload))
 
-    def oldest_seq(self) -> int | None:
-        return self._buf[0][0] if self._buf else None
-
     def answer(self, router: zmq.Socket, topic: bytes) -> int:
         """Answer one waiting request on ``router``; returns the number of batches sent."""
         frames = router.recv_multipart()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Literal
 
 import torch
 
+from engine import envs
 from kernels.cpu_attention import decode_kernel_enabled
 from kernels.reference import copy_blocks_ref, paged_attention_ref, reshape_and_cache_ref
 from kernels.torch_paged import PagedPlan, build_plan, paged_attention_fast, reshape_and_cache_fast
@@ -262,14 +262,14 @@ def select_backend(name: BackendName, device: torch.device | str) -> AttentionBa
         return TorchAttentionBackend(decode_kernel=decode_kernel_enabled() if device.type == "cpu" else False)
     if device.type == "cuda":
         return TritonAttentionBackend()
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not envs.TRITON_INTERPRET.get():
         if "triton" in sys.modules:
             raise RuntimeError(
                 "the triton backend on CPU needs Triton's interpreter, but triton was "
                 "imported without TRITON_INTERPRET=1; set TRITON_INTERPRET=1 in the "
                 "environment before starting Python, or use the torch backend"
             )
-        os.environ["TRITON_INTERPRET"] = "1"
+        envs.TRITON_INTERPRET.set("1")
     logger.warning(
         "attention backend 'triton' on %s runs Triton's interpreter "
         "(TRITON_INTERPRET=1): exact but much slower than the torch backend",

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from engine import envs
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -49,7 +51,7 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """Explicit cache_dir, else $KVSCOPE_CACHE, else ~/.cache/kvscope."""
     if cache_dir is not None:
         return Path(cache_dir)
-    env = os.environ.get("KVSCOPE_CACHE")
+    env = envs.CACHE.raw()
     return Path(env) if env else Path.home() / ".cache" / "kvscope"
 
 

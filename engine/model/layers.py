@@ -7,7 +7,6 @@ fp32 upcasts) so our logits match theirs to ~1e-5 in float32.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -15,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import envs
 from kernels import cpu_fused, cpu_mkl
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -230,7 +230,7 @@ class PackedWeightCache:
             version = -2
         if self.packed is None or self.ptr != weight.data_ptr() or self.version != version:
             self.packed = None  # the stale copy goes before the new one is made
-            if os.environ.get("KVSCOPE_PACKED_LINEAR", "1") == "0":
+            if not envs.PACKED_LINEAR.get():
                 self.failed = True
                 return None
             try:  # oneDNN's is a private op: if this torch lacks or changed it, use F.linear

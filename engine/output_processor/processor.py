@@ -17,8 +17,8 @@ from typing import Any
 from engine.core.engine_core_output import EngineCoreOutputs
 from engine.core.errors import KVScopeError
 from engine.core.sampling_params import SamplingParams
-from engine.events.metrics import LatencyObservations
-from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
+from engine.events.metrics.step_metrics import LatencyObservations
+from engine.events.metrics.request_stats import FinishedRequestStats, FirstTokenStats
 from engine.output_processor.request_state import RequestState
 from engine.outputs import RequestMetrics, RequestOutput
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.core.model_runner_output import SampledToken
 from engine.core.sampling_params import SamplingParams
-from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
+from engine.events.metrics.request_stats import FinishedRequestStats, FirstTokenStats
 from engine.output_processor.detokenizer import IncrementalDetokenizer, make_detokenizer
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
@@ -157,7 +157,7 @@ class RequestState:
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
                              self.finished, self.num_cached_tokens, self.metrics, deltas)
 
-    # ---- per-request stats (vLLM v1 intervals; see engine.events.request_stats) -------
+    # ---- per-request stats (vLLM v1 intervals; see engine.events.metrics.request_stats) -------
 
     def first_token_stats(self, num_recomputed_tokens: int) -> FirstTokenStats:
         m = self.metrics

@@ -29,7 +29,7 @@ run (restart): ``seq`` starts again at 0 after the ``snapshot`` (seq -1) that
 follows it. An idle engine sends nothing.
 """
 
-from engine.events.types import PROTOCOL_VERSION
+from engine.events.schema.types import PROTOCOL_VERSION
 from engine.protocol.codec import decode_message, encode, parse_op
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from engine.events.json_text import compact
+from engine.events.schema.json_text import compact
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Message, Step, message_from_dict
 from engine.protocol.ops import Op, op_from_dict
@@ -34,7 +34,7 @@ def decode_message(frame: str | bytes) -> Message:
 
 
 def encode(item: Message | Op) -> str:
-    """Compact JSON text of a message or op (``engine.events.json_text``; a step message
+    """Compact JSON text of a message or op (``engine.events.schema.json_text``; a step message
     reuses its record's text, written once for every reader)."""
     if isinstance(item, Step):
         return item.to_json()

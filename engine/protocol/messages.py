@@ -3,7 +3,7 @@
 One type per message, used on both ends: the server builds and encodes it, a
 client decodes the frame back into the same type. Each is
 ``{"type": <name>, **fields}`` on the wire; a step carries a ``StepRecord``
-(``engine.events.step``), the one type for a published step everywhere.
+(``engine.events.schema.step``), the one type for a published step everywhere.
 Decoding ignores fields it does not know, so a newer server's additions do not
 break an older client.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from engine.events.run_kind import AnySnapshot, snapshot_from_dict
-from engine.events.step import StepRecord
+from engine.events.folds.run_kind import AnySnapshot, snapshot_from_dict
+from engine.events.schema.step import StepRecord
 from engine.protocol.errors import ErrorCode, ProtocolError
 
 

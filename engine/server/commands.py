@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
+import textwrap
 
+from engine import envs
+from engine.engine_args import add_engine_args, engine_kwargs
 from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT
 from engine.server.frame_rate import BYTES_PER_S, FRAME_BURST, FRAMES_PER_S
 from engine.server.security import TOKEN_ENV
@@ -46,13 +48,12 @@ def add_allowed_host_arg(g) -> None:
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    from engine.cli import add_engine_args
-
     p = sub.add_parser("serve", help="run one live engine behind a websocket and OpenAI API server",
-                       description="Run one engine and stream its events over websockets "
-                                   "(protocol v2), with the OpenAI API (/v1/models, "
-                                   "/v1/completions, /v1/chat/completions), /healthz and "
-                                   "/metrics on the same port.")
+                       description=textwrap.fill("Run one engine and stream its events over websockets "
+                                                 "(protocol v2), with the OpenAI API (/v1/models, "
+                                                 "/v1/completions, /v1/chat/completions), /healthz and "
+                                                 "/metrics on the same port.", 88),
+                       epilog=envs.help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(p)
     p.set_defaults(**{name: value for name, (value, _) in SERVE_DEFAULTS.items()})
     g = p.add_argument_group("server")
@@ -112,7 +113,6 @@ def add_server_subcommands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from engine.cli import engine_kwargs
     from engine.config import EngineConfig
     from engine.core import KVScopeError
     from engine.kv_events.config import KVEventsConfig
@@ -125,14 +125,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         kw = engine_kwargs(args)  # kv_events_config comes in as the JSON text
         kw["kv_events_config"] = KVEventsConfig.coerce(args.kv_events_config)
-        if kw["num_threads"] is None:  # serving's own count, if it has one; else the governed default
+        if kw["num_threads"] is None:  # KVSCOPE_SERVE_THREADS, if set; else the governed default
             from engine.cpu_threads import serving_count
 
             kw["num_threads"] = serving_count()
         cfg = EngineConfig(**kw, max_waiting=args.max_queue)
         opts = ServerOptions(cfg, host=args.host, port=args.port, db=args.db, record=args.record,
                              label=args.label, allow_remote=args.allow_remote,
-                             token=os.environ.get(TOKEN_ENV) or None,
+                             token=envs.TOKEN.get(),
                              max_frame_bytes=args.max_frame_bytes,
                              max_in_flight_per_conn=args.max_in_flight,
                              max_api_in_flight=args.max_api_in_flight,

@@ -43,8 +43,8 @@ from engine.core import (
 from engine.engine_core.client import CoreDied, LoadStopped
 from engine.engine_core.memory_hygiene import Trimmer, freeze_heap
 from engine.engine_core.restart import RestartLimits
-from engine.events.step import StepRecord
-from engine.events.types import PROTOCOL_VERSION
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.store.recorder_health import RecorderHealth
 
 

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.protocol.messages import Hello, Snapshot
 from engine.protocol.ops import Op, Submit
 from engine.server.sink import Sink, SinkItem

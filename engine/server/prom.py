@@ -27,12 +27,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from engine.events.block_residency import BlockResidency
-from engine.events.step import StepRecord
+from engine.events.metrics.block_residency import BlockResidency
+from engine.events.schema.step import StepRecord
+from engine.server.health import StepFaults
 from engine.server.metrics.kvscope_families import KVScopeFamilies
 from engine.server.metrics.series import Series
 from engine.server.metrics.vllm_families import VLLMFamilies
-from engine.server.health import StepFaults
 from engine.store.recorder_health import RecorderHealth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
@@ -90,7 +90,8 @@ class ServerMetrics:
                 self.start_run(config)
 
     def observe_step(self, record: StepRecord) -> None:
-        """Fold one published step (its events and its metrics dict, see engine.events.metrics)."""
+        """Fold one published step (its events and its metrics dict, see
+        engine.events.metrics.step_metrics)."""
         self._ensure_run()
         tenures = self.residency.observe(record.events, record.ts)
         self.vllm.observe(record.metrics, tenures)

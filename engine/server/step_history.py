@@ -17,7 +17,7 @@ import asyncio
 import sqlite3
 from collections import deque
 
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.protocol.errors import ErrorCode
 from engine.protocol.messages import Error, Steps
 from engine.protocol.ops import StepsSince

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from engine.events.hash_cache_snapshot import HashCacheSnapshot
+from engine.events.folds.hash_cache_snapshot import HashCacheSnapshot
 from engine.events.render import render_snapshot
 from engine.store.runs import RunStore, StepOutOfRangeError, UnknownRunError
 from engine.store.transfer import export_run, import_run

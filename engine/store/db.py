@@ -1,9 +1,9 @@
 """Where the runs database lives, how to open it, and its schema (sqlite-utils).
 
-Tables (JSON columns hold compact ASCII JSON text, ``engine.events.json_text``):
+Tables (JSON columns hold compact ASCII JSON text, ``engine.events.schema.json_text``):
 - ``runs``: id TEXT pk, started_at REAL (unix s), finished_at REAL|NULL, config JSON
   (an engine run's must hold ``num_blocks`` and ``block_size`` for replay), model TEXT,
-  label TEXT, kind TEXT (``engine.events.run_kind``: ``engine`` | ``attached``; NULL in
+  label TEXT, kind TEXT (``engine.events.folds.run_kind``: ``engine`` | ``attached``; NULL in
   databases from before kinds, read as ``engine``; added to such a table on open).
 - ``steps``: (run_id, seq) pk, step, ts REAL, events JSON (list of event dicts),
   metrics JSON — one ``StepRecord`` per row.
@@ -25,11 +25,9 @@ from typing import Any
 
 import sqlite_utils
 
-from engine.events.json_text import compact
-from engine.events.step import StepRecord
-
-ENV_VAR = "KVSCOPE_DB"
-DEFAULT_PATH = Path("data") / "runs.sqlite"
+from engine import envs
+from engine.events.schema.json_text import compact
+from engine.events.schema.step import StepRecord
 
 
 def resolve_db_path(path: str | os.PathLike | None = None) -> str:
@@ -37,7 +35,7 @@ def resolve_db_path(path: str | os.PathLike | None = None) -> str:
 
     A ``file:`` URI (e.g. ``file:runs.sqlite?mode=ro``) is passed through as is."""
     if path is None:
-        path = os.environ.get(ENV_VAR) or DEFAULT_PATH
+        path = envs.DB.get()
     return str(path)
 
 

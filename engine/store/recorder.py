@@ -34,8 +34,8 @@ import threading
 import time
 from typing import Any
 
-from engine.events.run_kind import RunKind
-from engine.events.step import StepRecord
+from engine.events.folds.run_kind import RunKind
+from engine.events.schema.step import StepRecord
 from engine.store import db as dbm
 from engine.store.backlog import Backlog, Row
 from engine.store.recorder_health import RecorderHealth
@@ -110,7 +110,7 @@ class Recorder:
         """Begin a run; returns its id at once (the row is written in the background).
 
         ``config`` must be JSON-able; an engine run's must hold ``num_blocks`` and
-        ``block_size``. ``kind``: what the run records (``engine.events.run_kind``)."""
+        ``block_size``. ``kind``: what the run records (``engine.events.folds.run_kind``)."""
         kind = RunKind.of(kind)
         if kind is RunKind.ENGINE:
             for key in ("num_blocks", "block_size"):

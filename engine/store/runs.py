@@ -12,10 +12,10 @@ from typing import Any
 
 import sqlite_utils
 
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.reducer import PoolState
-from engine.events.run_kind import AnySnapshot, AnyState, RunKind, empty_state
-from engine.events.step import StepRecord
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.folds.reducer import PoolState
+from engine.events.folds.run_kind import AnySnapshot, AnyState, RunKind, empty_state
+from engine.events.schema.step import StepRecord
 from engine.store import db as dbm
 from engine.store import loss as lossm
 from engine.store.loss import Loss

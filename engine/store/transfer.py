@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from engine.events.run_kind import RunKind
-from engine.events.step import StepRecord
+from engine.events.folds.run_kind import RunKind
+from engine.events.schema.step import StepRecord
 from engine.store import db as dbm
 from engine.store import loss as lossm
 from engine.store.loss import Loss

@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.attach.pod_source import PodSource
 from engine.attach.server import AttachOptions, AttachServer
-from engine.events.types import KVBlockRemoved, KVBlockStored, KVGap, KVSegment
+from engine.events.schema.types import KVBlockRemoved, KVBlockStored, KVGap, KVSegment
 from engine.store.runs import RunStore
 from tests.attach.fake_publisher import FakePublisher
 

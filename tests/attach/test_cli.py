@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
-from engine.events.types import KVBlockStored
+from engine.events.schema.types import KVBlockStored
 from engine.store.runs import RunStore
 from tests.attach.fake_publisher import FakePublisher, free_port, removed, stored
 

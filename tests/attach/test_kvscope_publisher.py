@@ -22,8 +22,8 @@ from engine.attach.pod_source import PodSource
 from engine.attach.prefix_match import BY_HASH, BY_TOKENS, KVSCOPE, detect_scheme, longest_prefix
 from engine.attach.tokenizer_file import resolve_tokenizer_file
 from engine.client import KVScopeClient
-from engine.events.hash_key import hash_key
-from engine.events.types import BlockEvicted, EvictionReason, KVBlockRemoved, KVGap, RequestArrived
+from engine.events.schema.hash_key import hash_key
+from engine.events.schema.types import BlockEvicted, EvictionReason, KVBlockRemoved, KVGap, RequestArrived
 from engine.kv_events.mapping import vllm_block_hash
 from engine.store.runs import RunStore
 from tests.attach.fake_publisher import free_port

@@ -11,13 +11,13 @@ from engine.attach.prom_scrape import ScrapeFold, quantile, read_sample
 from engine.attach.seq_tracker import SeqTracker, Verdict
 from engine.core.errors import ConfigError
 from engine.core.hashing import hash_block
-from engine.events.hash_cache_snapshot import HashCacheSnapshot
-from engine.events.hash_cache_state import HashCacheState
-from engine.events.hash_key import hash_key
-from engine.events.prefix_tree import PrefixTree
-from engine.events.residency import ResidencyLog
-from engine.events.run_kind import RunKind, empty_state, snapshot_from_dict, state_from_snapshot
-from engine.events.types import KVAllCleared, KVBlockRemoved, KVBlockStored, KVGap, KVSegment
+from engine.events.folds.hash_cache_snapshot import HashCacheSnapshot
+from engine.events.folds.hash_cache_state import HashCacheState
+from engine.events.folds.prefix_tree import PrefixTree
+from engine.events.folds.run_kind import RunKind, empty_state, snapshot_from_dict, state_from_snapshot
+from engine.events.metrics.residency import ResidencyLog
+from engine.events.schema.hash_key import hash_key
+from engine.events.schema.types import KVAllCleared, KVBlockRemoved, KVBlockStored, KVGap, KVSegment
 
 
 def test_hash_keys_for_ints_and_bytes():

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from engine.events.metrics import MetricsConfig, MetricsTracker
-from engine.events.reducer import PoolState
-from engine.events.types import PrefixLookup
+from engine.events.folds.reducer import PoolState
+from engine.events.metrics.step_metrics import MetricsConfig, MetricsTracker
+from engine.events.schema.types import PrefixLookup
 
 from tests.core.driver import make_scheduler, req, step
 

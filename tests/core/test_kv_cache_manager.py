@@ -1,7 +1,7 @@
 """Exact block ids, ref counts and free-queue order on tiny pools (block_size 4)."""
 
 from engine.core import EventLog, KVCacheManager, CacheConfig, RequestStatus
-from engine.events.types import BlockEvicted, CowCopy, PrefixCacheReset
+from engine.events.schema.types import BlockEvicted, CowCopy, PrefixCacheReset
 
 from tests.core.driver import make_scheduler, req, run_all, step, tokens
 

@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from engine.core import CacheConfig, ConfigError, QueueFullError, Scheduler, SchedulerConfig
-from engine.events.reducer import PoolState
-from engine.events.types import CowCopy, PrefixHit, RequestArrived, RequestForked
+from engine.events.folds.reducer import PoolState
+from engine.events.schema.types import CowCopy, PrefixHit, RequestArrived, RequestForked
 
 from tests.core.driver import make_scheduler, req, run_all, step
 

@@ -24,5 +24,5 @@ def assert_imports_without_torch(imports: str) -> None:
 
 
 def test_core_and_events_import_without_torch():
-    assert_imports_without_torch("import engine.core, engine.events.types\n"
+    assert_imports_without_torch("import engine.core, engine.events.schema.types\n"
                                  "from engine.core import Scheduler")

@@ -3,7 +3,7 @@ the full snapshot, after every operation, and is hand-checked on a small state."
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engine.events.pool_summary import PoolSummary
+from engine.events.metrics.pool_summary import PoolSummary
 
 from tests.core.driver import make_scheduler, req, step
 from tests.core.test_invariants import op, run_ops

@@ -4,8 +4,8 @@ import dataclasses
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engine.events.reducer import PoolState
-from engine.events.types import event_from_dict
+from engine.events.folds.reducer import PoolState
+from engine.events.schema.types import event_from_dict
 
 from tests.core.driver import make_scheduler, req, step
 from tests.core.test_invariants import STEMS, op, run_ops

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from engine.events.metrics import LatencyObservations, MetricsConfig, MetricsTracker
-from engine.events.step import StepRecord
+from engine.events.metrics.step_metrics import LatencyObservations, MetricsConfig, MetricsTracker
+from engine.events.schema.step import StepRecord
 from engine.store.recorder import Recorder
 
 from tests.core.driver import make_scheduler, req, step

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.events.pool_snapshot import BlockView
-from engine.events.types import (
+from engine.events.folds.pool_snapshot import BlockView
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, PrefixHit,
 )
 

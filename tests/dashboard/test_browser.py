@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from dashboard.server_process import stop_process
+from engine import envs
 from tests.dashboard.conftest import ROOT, Server, free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 # KVSCOPE_BROWSER_MODEL / KVSCOPE_BROWSER_SERVE_ARGS swap in e.g. the default model to
 # take README screenshots with real text.
 SERVE_ARGS = "--num-kv-blocks 512 --block-size 4 --max-model-len 512"
-DOCS_MODE = os.environ.get("KVSCOPE_UPDATE_SCREENSHOTS") == "1"
+DOCS_MODE = envs.UPDATE_SCREENSHOTS.get()
 ALLOCATED = r"^(in use \(ref 1\)|shared \(ref > 1\)|free but cached.*): [1-9]"
 BURST = 8  # requests of the memory-pressure preset (max_num_seqs >= 8 here); its
 # one-click restart first moves to a pool that fills in seconds (a new run)
@@ -84,9 +85,10 @@ def stack(request, tmp_path):
     _need_chromium()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     db = str(tmp_path / "runs.sqlite")
-    model = os.environ.get("KVSCOPE_BROWSER_MODEL") or request.getfixturevalue("tiny_model")
-    yield from serve_and_dash(model, db, shlex.split(os.environ.get("KVSCOPE_BROWSER_SERVE_ARGS",
-                                                                    SERVE_ARGS)), "streamlit.log")
+    model = envs.BROWSER_MODEL.get() or request.getfixturevalue("tiny_model")
+    args = envs.BROWSER_SERVE_ARGS.get()
+    yield from serve_and_dash(model, db, shlex.split(SERVE_ARGS) if args is None else list(args),
+                              "streamlit.log")
 
 
 def serve_and_dash(model: str, db: str, serve_args, log_name: str):

@@ -16,7 +16,7 @@ from dashboard.figures.scheduler import budget_figure, queues_figure
 from dashboard.figures.tables import tables_figure
 from dashboard.figures.timeline import events_figure
 from dashboard.history import latency_samples, latest, metrics_frame
-from engine.events.reducer import PoolState
+from engine.events.folds.reducer import PoolState
 from tests.dashboard.fake_runs import make_records
 
 

@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 
 from engine.client import KVScopeClient, LiveConnection, ServerError
-from engine.events.reducer import PoolState
+from engine.events.folds.reducer import PoolState
 from engine.store.runs import RunStore
 
 from dashboard.live_feed import LiveFeed

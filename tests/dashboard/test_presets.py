@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.events.baseline import BaselineConfig, Reservation, replay
+from engine.events.baseline.contiguous import BaselineConfig, Reservation, replay
 
 from dashboard.contiguous import baselines_of_records
 from dashboard.preset_effects import effects, verdict
@@ -157,7 +157,7 @@ def _run(engine, workload, name):
 @pytest.mark.parametrize("config", [SMALL, DEFAULT], ids=["small", "default"])
 def test_presets_on_a_real_engine_show_their_effect_and_paged_runs_at_least_as_many(config, tiny_model):
     from engine.config import EngineConfig
-    from engine.startup import build_engine
+    from engine.llm_engine import build_engine
 
     from dashboard.token_text import token_counter_for
 

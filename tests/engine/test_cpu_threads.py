@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.core import ConfigError
 
 _VARS = ("KVSCOPE_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
-         "KVSCOPE_ADAPT_THREADS")
+         "KVSCOPE_ADAPT_THREADS", "KVSCOPE_SERVE_THREADS")
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def clean_env(monkeypatch):
 def test_thread_count_precedence(clean_env):
     cores = cpu_threads.usable_cores()
     assert cpu_threads.thread_count() == cores  # offline: every usable core
-    clean_env.setattr(cpu_threads, "SERVE_THREADS", 1)
+    clean_env.setenv("KVSCOPE_SERVE_THREADS", "1")
     assert cpu_threads.thread_count(serving=True) == 1
     assert cpu_threads.thread_count() == cores
     clean_env.setenv("OMP_NUM_THREADS", "3")
@@ -48,7 +48,7 @@ def test_thread_count_precedence(clean_env):
 def test_configure_cpu_threads_sets_torch(clean_env):
     import torch
 
-    from engine.startup import configure_cpu_threads
+    from engine.engine_core.startup import configure_cpu_threads
 
     before = torch.get_num_threads()
     try:
@@ -80,10 +80,12 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("exported", [{}, {"OMP_WAIT_POLICY": "ACTIVE"}])
-def test_importing_engine_applies_the_default_in_a_fresh_process(exported):
-    code = "import os, engine, torch; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+def test_the_kvscope_command_applies_the_default_in_a_fresh_process(exported):
+    # importing engine sets nothing (tests/test_envs.py); kvscope's main() does, before torch
+    code = ("import os, engine.cli\ntry:\n    engine.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "import torch\nprint(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))")
     out = subprocess.run([sys.executable, "-c", code], env=_child_env(exported), capture_output=True,
-                         text=True, check=True).stdout.split()
+                         text=True, check=True).stdout.splitlines()[-1].split()  # after --help's text
     if exported:
         assert out == ["ACTIVE", "None"]
     else:
@@ -166,7 +168,7 @@ def test_governor_decide_on_more_cores():
 
 
 def test_governor_only_for_the_default_count(clean_env):
-    from engine.startup import cpu_governor
+    from engine.engine_core.startup import cpu_governor
 
     multi = cpu_threads.usable_cores() >= 2
     assert (cpu_governor() is not None) == multi
@@ -185,8 +187,14 @@ def test_serve_fixes_no_count_of_its_own_unless_serve_threads_says(clean_env):
     # kvscope serve puts serving_count() into EngineConfig.num_threads: None leaves the
     # engine its default count, governed as offline
     assert cpu_threads.serving_count() is None
-    clean_env.setattr(cpu_threads, "SERVE_THREADS", 1)
+    clean_env.setenv("KVSCOPE_SERVE_THREADS", "1")
     assert cpu_threads.serving_count() == 1
+    clean_env.setenv("KVSCOPE_SERVE_THREADS", str(10**6))
+    assert cpu_threads.serving_count() == cpu_threads.usable_cores()  # never past the cores
+    clean_env.setenv("KVSCOPE_SERVE_THREADS", "none")
+    with pytest.raises(ValueError, match="KVSCOPE_SERVE_THREADS"):
+        cpu_threads.serving_count()
+    clean_env.setenv("KVSCOPE_SERVE_THREADS", "1")
     clean_env.setenv("KVSCOPE_NUM_THREADS", "2")
     assert cpu_threads.serving_count() is None  # the environment's count: build_engine reads it
 
@@ -205,7 +213,7 @@ def test_box_busy_reads_proc_stat():
 
 def test_each_step_of_a_cpu_engine_drives_its_governor(tiny_llama, clean_env):
     from engine.core import SamplingParams
-    from engine.startup import build_engine
+    from engine.llm_engine import build_engine
 
     fixed = build_engine(EngineConfig(model=tiny_llama, num_threads=1, num_kv_blocks=32))
     assert fixed.engine_core.governor is None  # an explicit count is never adjusted

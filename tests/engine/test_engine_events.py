@@ -3,8 +3,8 @@
 import random
 
 from engine import LLM, SamplingParams
-from engine.events.reducer import PoolState
-from engine.events.step import StepRecord
+from engine.events.folds.reducer import PoolState
+from engine.events.schema.step import StepRecord
 
 
 def test_step_records_rebuild_engine_state_on_a_mixed_workload(tiny_llama):

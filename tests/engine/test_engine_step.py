@@ -13,8 +13,9 @@ import pytest
 from engine import SamplingParams
 from engine.config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from engine.core import KVScopeError, SamplingParamsError, child_request_id
-from engine.events import types as event_types
-from engine.startup import build_engine, default_cpu_blocks
+from engine.events.schema import types as event_types
+from engine.engine_core.startup import default_cpu_blocks
+from engine.llm_engine import build_engine
 
 PROMPT = list(range(40, 58))  # 18 tokens
 
@@ -226,7 +227,7 @@ def test_streamed_deltas_concatenate_to_the_final_text(tiny_llama):
 
 
 def test_the_default_cpu_pool_is_capped_at_max_num_seqs_full_sequences(tiny_llama, caplog):
-    with caplog.at_level(logging.INFO, logger="engine.startup"):
+    with caplog.at_level(logging.INFO, logger="engine.engine_core.startup"):
         eng = build_engine(EngineConfig(model=tiny_llama, block_size=4, max_model_len=64, max_num_seqs=8))
     per_block = eng.engine_core.parts.kv_bytes_per_block
     assert DEFAULT_CPU_KV_BYTES // per_block > 100_000  # the uncapped 1 GiB pool of a tiny model

@@ -1,6 +1,6 @@
 """The CUDA KV budget arithmetic (the profile itself needs a GPU: bench/gpu_check.sh)."""
 
-from engine.startup import kv_budget_bytes
+from engine.engine_core.startup import kv_budget_bytes
 
 GIB = 2**30
 
@@ -27,7 +27,7 @@ def test_cuda_profile_plumbing_runs_on_cpu(monkeypatch, tiny_llama):
     from engine.config import EngineConfig
     from engine.core import SchedulerConfig
     from engine.model.loader import load_model
-    from engine.startup import _profile_cuda_blocks
+    from engine.engine_core.startup import _profile_cuda_blocks
 
     calls = []
     for name in ("empty_cache", "reset_peak_memory_stats", "synchronize"):

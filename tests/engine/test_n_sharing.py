@@ -8,10 +8,10 @@ import pytest
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.core import ConfigError, child_request_id
-from engine.events.reducer import PoolState
-from engine.events.step import StepRecord
+from engine.events.folds.reducer import PoolState
+from engine.events.schema.step import StepRecord
 from engine.protocol import Restart
-from engine.startup import build_engine
+from engine.llm_engine import build_engine
 
 PROMPT = list(range(40, 58))  # 18 tokens: 4 full blocks of 4 and 2 tokens in a fifth
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from engine import SamplingParams
 from engine.config import EngineConfig
-from engine.events.pool_state import PoolState
-from engine.startup import build_engine
+from engine.events.folds.pool_state import PoolState
+from engine.llm_engine import build_engine
 from engine.engine_core.step_isolation import RequestFailure
 
 POISON = 250
@@ -158,7 +158,7 @@ def test_a_forked_request_fails_whole_and_its_siblings_run(tiny_llama):
 
 def test_split_step_gives_each_piece_its_own_share():
     from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
-    from engine.events.types import ScheduledPhase
+    from engine.events.schema.types import ScheduledPhase
     from engine.engine_core.step_isolation import split_step
 
     p = SamplingParams()

@@ -2,16 +2,16 @@
 
 import pytest
 
-from engine.events.types import (
-    BlockAllocated, BlockFreed, PrefixLookup, RequestArrived, RequestFinished, RequestForked,
-    RequestPreempted, RequestProgress, RequestScheduled,
-)
-from engine.events.baseline import (
+from engine.events.baseline.contiguous import (
     BaselineConfig, Moment, Reservation, TraceRequest, compare, paged_steps, replay, simulate,
     summarize, trace_from_records,
 )
-from engine.events.request_status import RequestStatus
-from engine.events.step import StepRecord
+from engine.events.schema.request_status import RequestStatus
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import (
+    BlockAllocated, BlockFreed, PrefixLookup, RequestArrived, RequestFinished, RequestForked,
+    RequestPreempted, RequestProgress, RequestScheduled,
+)
 
 MML, PPM = Reservation.MAX_MODEL_LEN, Reservation.PROMPT_PLUS_MAX_TOKENS
 R, P = RequestStatus.RUNNING, RequestStatus.PREEMPTED

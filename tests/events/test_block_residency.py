@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.events import types as event_types
-from engine.events.block_residency import BlockResidency, BlockTenure
+from engine.events.metrics.block_residency import BlockResidency, BlockTenure
+from engine.events.schema import types as event_types
 
 
 def alloc(block, rid="r", i=0):

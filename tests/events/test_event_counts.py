@@ -3,8 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.events.event_counts import EventCounts
-from engine.events.types import (
+from engine.events.metrics.event_counts import EventCounts
+from engine.events.schema.types import (
     BlockAllocated, BlockEvicted, BlockFreed, CowCopy, PrefixCacheReset, PrefixLookup,
     RequestFinished, RequestPreempted, RequestProgress, RequestScheduled,
 )

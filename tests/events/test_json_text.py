@@ -1,4 +1,4 @@
-"""The one JSON writer (engine.events.json_text): the standard library's compact text,
+"""The one JSON writer (engine.events.schema.json_text): the standard library's compact text,
 written by msgspec, with its two documented spellings; events and step records
 written without their dicts give the same text as through them."""
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine.events.json_text import compact
-from engine.events.step import StepRecord
-from engine.events.types import ScheduledPhase
+from engine.events.schema.json_text import compact
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import ScheduledPhase
 from engine.protocol.codec import encode
 from engine.protocol.messages import Step
 from engine.store.db import step_row
@@ -57,7 +57,7 @@ def test_an_event_written_without_its_dict(event):
 
 
 def test_an_event_with_non_ascii_text_falls_back_to_escapes():
-    from engine.events.types import RequestFinished
+    from engine.events.schema.types import RequestFinished
 
     e = RequestFinished(3, "réq", "stop")
     assert e.to_json() == std(e.to_dict())

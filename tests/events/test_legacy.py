@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.events.step import StepRecord
-from engine.events.types import BlockAllocated, BlockEvicted, CowCopy, PrefixCacheReset
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import BlockAllocated, BlockEvicted, CowCopy, PrefixCacheReset
 
 
 def body(*events):

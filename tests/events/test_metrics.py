@@ -4,12 +4,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.events.metrics import (
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.folds.reducer import PoolState
+from engine.events.metrics.step_metrics import (
     MISS_CAUSES, LatencyObservations, MetricsConfig, MetricsTracker, percentile,
 )
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.reducer import PoolState
-from engine.events.types import (
+from engine.events.schema.types import (
     BlockAllocated, BlockEvicted, CowCopy, PrefixCacheReset, PrefixHit, PrefixLookup,
     RequestFinished, RequestPreempted, RequestProgress, RequestScheduled,
 )
@@ -165,7 +165,7 @@ def test_latency_percentiles_keep_a_bounded_window():
     """Percentiles rank the latest MAX_LATENCY_SAMPLES observations. Before this (main at
     b923685) every observation of the run stayed in a sorted list: memory grew with
     every token served and each insert moved the whole list (a soak's steps slowed)."""
-    from engine.events.metrics import MAX_LATENCY_SAMPLES, LatencyWindow
+    from engine.events.metrics.step_metrics import MAX_LATENCY_SAMPLES, LatencyWindow
 
     w = LatencyWindow(4)
     for v in (5.0, 1.0, 3.0, 1.0, 2.0, 9.0):

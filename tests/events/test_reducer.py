@@ -4,11 +4,11 @@ import copy
 
 import pytest
 
-from engine.events.reducer import (
+from engine.events.folds.reducer import (
     ImpossibleEventError, PoolState,
 )
-from engine.events.step import StepRecord
-from engine.events.types import (
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, PrefixCacheReset, PrefixHit,
     PrefixLookup, RequestArrived, RequestFinished, RequestForked, RequestPreempted,
     RequestProgress, RequestScheduled,

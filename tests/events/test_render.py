@@ -2,12 +2,12 @@
 
 import pytest
 
-from engine.events.types import (
+from engine.events.folds.reducer import PoolState
+from engine.events.render import render_grid, render_snapshot, render_tables
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockFreed, PrefixLookup, RequestArrived, RequestFinished,
     RequestForked, RequestProgress, RequestScheduled,
 )
-from engine.events.reducer import PoolState
-from engine.events.render import render_grid, render_snapshot, render_tables
 
 
 def state():

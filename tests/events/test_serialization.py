@@ -4,15 +4,15 @@ import json
 
 import pytest
 
-from engine.events.types import (
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.folds.reducer import PoolState
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, EVENT_TYPES,
     PrefixCacheReset, PrefixHit, PrefixLookup, RequestArrived, RequestFinished, RequestForked,
     RequestPreempted, RequestProgress, RequestScheduled, event_from_dict,
     EvictionReason, ScheduledPhase, KVAllCleared, KVBlockRemoved, KVBlockStored, KVGap, KVSegment,
 )
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.reducer import PoolState
-from engine.events.step import StepRecord
 
 EXAMPLES = [
     BlockAllocated(1, 3, "r", 0),

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from engine.core.hashing import hash_full_blocks
-from engine.events.types import BlockAllocated, BlockCached, BlockEvicted, PrefixCacheReset
+from engine.events.schema.types import BlockAllocated, BlockCached, BlockEvicted, PrefixCacheReset
 from engine.kv_events.mapping import to_kv_events, vllm_block_hash
 from engine.kv_events.types import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.core.driver import make_scheduler, req, step

@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from engine.core import ConfigError
-from engine.events.types import BlockCached
+from engine.events.schema.types import BlockCached
 from engine.kv_events.config import KVEventsConfig
 from engine.kv_events.publisher import KVEventsPublisher
 from tests.core.driver import make_scheduler, req, step

@@ -36,7 +36,7 @@ def test_text_run_hides_engine_info_logs_unless_verbose(capsys, caplog, tiny_lla
     caplog.clear()
     assert main(["lesson", "2", "--model", tiny_llama, "--no-record", "--verbose"]) == 0
     names = {r.name for r in caplog.records if r.levelno == logging.INFO}
-    assert {"engine.startup", "kvscope.lessons"} <= names
+    assert {"engine.engine_core.startup", "kvscope.lessons"} <= names
     assert logging.getLogger("engine").level == logging.NOTSET  # restored after the lesson
 
 

@@ -69,7 +69,7 @@ class Gate:
         self.event.set()
 
     def __call__(self, cfg):
-        from engine.startup import build_engine
+        from engine.llm_engine import build_engine
 
         if not self.event.wait(60):
             raise TimeoutError("gate never opened")

@@ -16,7 +16,7 @@ import pytest
 
 from engine.openai.errors import ApiError
 from engine.server.client_quota import ClientQuota
-from engine.startup import build_engine
+from engine.llm_engine import build_engine
 from tests.server.helpers import healthz
 
 BODY = {"max_tokens": 2, "temperature": 0.0, "ignore_eos": True}

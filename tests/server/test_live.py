@@ -5,8 +5,8 @@ import time
 import pytest
 
 from engine.client import KVScopeClient, LiveConnection, ServerError
-from engine.events.reducer import PoolState
-from engine.events.step import StepRecord
+from engine.events.folds.reducer import PoolState
+from engine.events.schema.step import StepRecord
 from engine.protocol import Hello, Snapshot, Step
 from tests.server.conftest import Gate
 from tests.server.helpers import GREEDY

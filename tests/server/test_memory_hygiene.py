@@ -10,14 +10,14 @@ import weakref
 from engine.core.sampling_params import SamplingParams
 from engine.protocol import Ok, Restart, Submit
 from engine.engine_core.memory_hygiene import (
-    CPU_SHAPE_CACHE_ENTRIES, SHAPE_CACHE_ENV, Trimmer, bound_cpu_shape_caches, freeze_heap,
+    CPU_SHAPE_CACHE_ENTRIES, SHAPE_CACHE_SWITCHES, Trimmer, bound_cpu_shape_caches, freeze_heap,
 )
 from tests.server.door import door, make_door  # noqa: F401 (fixtures)
 
 
 def test_the_shape_caches_are_bounded_unless_the_operator_says(monkeypatch):
-    for name in SHAPE_CACHE_ENV:
-        monkeypatch.delenv(name, raising=False)
+    for switch in SHAPE_CACHE_SWITCHES:
+        monkeypatch.delenv(switch.name, raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
     bound_cpu_shape_caches()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(CPU_SHAPE_CACHE_ENTRIES)

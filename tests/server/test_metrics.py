@@ -4,10 +4,10 @@ exact values after a known workload, and the plain text format whatever the scra
 import http.client
 
 from engine.cli import build_parser
-from engine.config import EngineConfig
-from engine.events.step import StepRecord
-from engine.server.app import ServerOptions
 from engine.client import KVScopeClient
+from engine.config import EngineConfig
+from engine.events.schema.step import StepRecord
+from engine.server.app import ServerOptions
 from tests.server.helpers import GREEDY, raw, recv_until, send
 from tests.server.prom_samples import scrape
 

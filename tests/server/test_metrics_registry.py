@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from engine.events import types as event_types
-from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
-from engine.events.step import StepRecord
+from engine.events.metrics.request_stats import FinishedRequestStats, FirstTokenStats
+from engine.events.schema import types as event_types
+from engine.events.schema.step import StepRecord
 from engine.server.metrics import buckets
 from engine.server.prom import ServerMetrics
 from tests.server.prom_samples import Samples

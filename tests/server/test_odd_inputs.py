@@ -20,7 +20,7 @@ def test_stop_must_be_a_list_or_a_string():
 
 
 def test_max_model_len_past_the_models_positions_is_refused_at_startup(tiny_llama):
-    from engine.startup import build_engine
+    from engine.llm_engine import build_engine
 
     with pytest.raises(ConfigError, match="exceeds the model's 512 positions"):
         build_engine(EngineConfig(model=tiny_llama, max_model_len=513, num_kv_blocks=256))

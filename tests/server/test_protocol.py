@@ -7,9 +7,9 @@ import json
 import pytest
 
 from engine.core.sampling_params import SamplingParams
-from engine.events import types as event_types
-from engine.events.reducer import PoolState
-from engine.events.step import StepRecord
+from engine.events.folds.reducer import PoolState
+from engine.events.schema import types as event_types
+from engine.events.schema.step import StepRecord
 from engine.protocol import (
     Abort, AbortAll, Accepted, Error, Finished, Hello, Ok, Output, Ping, Pong, ProtocolError,
     ResetPrefixCache, Restart, Snapshot, Step, Steps, StepsSince, Submit, TakeSnapshot,

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from engine.client import KVScopeClient, ServerError
-from engine.events.types import PROTOCOL_VERSION
+from engine.events.schema.types import PROTOCOL_VERSION
 from engine.store import RunStore
 from tests.server.conftest import Gate
 from tests.server.helpers import GREEDY, healthz, raw, recv_until, send

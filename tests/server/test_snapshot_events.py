@@ -2,8 +2,8 @@
 
 import threading
 
-from engine.events.reducer import PoolState
 from engine.client import KVScopeClient
+from engine.events.folds.reducer import PoolState
 
 
 def _workload(url: str, started: threading.Event, errors: list) -> None:

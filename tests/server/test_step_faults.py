@@ -12,7 +12,7 @@ requests one by one and fails only ``bad`` (engine.engine_core.step_isolation)."
 from __future__ import annotations
 
 from engine.core.sampling_params import SamplingParams
-from engine.events.reducer import PoolState
+from engine.events.folds.reducer import PoolState
 from engine.protocol import Accepted, Error, Snapshot, Submit, TakeSnapshot
 from engine.server.mailbox import NewRun, StepOut
 from tests.server.door import door, make_door  # noqa: F401 (fixtures)

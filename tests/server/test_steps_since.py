@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from engine.client import KVScopeClient, ServerError
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.protocol import StepsSince
 from engine.server.step_history import MAX_STEPS_PER_REPLY, StepHistory
 from tests.server.helpers import GREEDY, raw, recv_until, send

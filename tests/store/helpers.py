@@ -1,10 +1,10 @@
 """A tiny recorded run shared by the store tests."""
 
-from engine.events.types import (
+from engine.events.schema.step import StepRecord
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockFreed, PrefixLookup, RequestArrived, RequestFinished,
     RequestProgress, RequestScheduled,
 )
-from engine.events.step import StepRecord
 
 CONFIG = {"num_blocks": 4, "block_size": 4, "max_num_batched_tokens": 16, "max_model_len": 8}
 

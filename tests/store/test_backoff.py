@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.store import Recorder, RunStore, StepsLostError
 from engine.store.commands import cmd_replay
 from engine.store.transfer import export_run, import_run

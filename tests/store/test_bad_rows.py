@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from engine.events.step import StepRecord
+from engine.events.schema.step import StepRecord
 from engine.store import Recorder, RunStore
 from engine.store import db as dbm
 from tests.store.helpers import CONFIG, records

@@ -6,7 +6,7 @@ import json
 from engine.client.client import KVScopeClient
 from engine.config import EngineConfig
 from engine.core.ids import RequestIdError
-from engine.startup import build_engine
+from engine.llm_engine import build_engine
 from engine.store import RunStore
 from tests.server.conftest import ENGINE, db_path, make_server, tiny_llama  # noqa: F401 (fixtures)
 from tests.server.helpers import GREEDY, healthz, http_get, raw, recv_until, send

@@ -4,7 +4,7 @@ import sqlite3
 
 import pytest
 
-from engine.events.reducer import PoolState
+from engine.events.folds.reducer import PoolState
 from engine.store import Recorder, RunStore, StepOutOfRangeError, UnknownRunError
 from engine.store.db import resolve_db_path
 from engine.store.transfer import export_run, import_run

@@ -1,7 +1,7 @@
 """kvscope's own figures (``kvscope_*``): what vLLM does not export, with the same labels.
 
 Gauges show the latest step; counters add each step's ``_step`` deltas (see
-``engine.events.metrics``) or count events, so they stay monotonic across restarts.
+``engine.events.metrics.step_metrics``) or count events, so they stay monotonic across restarts.
 Server figures (websocket connections, drops, errors) are here too.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from engine.events.types import BlockEvicted, Event, EvictionReason
-from engine.events.metrics import MISS_CAUSES
+from engine.events.metrics.step_metrics import MISS_CAUSES
+from engine.events.schema.types import BlockEvicted, Event, EvictionReason
 from engine.server.metrics.series import Series
 
 EVICTION_REASONS = tuple(r.value for r in EvictionReason)

@@ -3,8 +3,8 @@
 Names, types, help texts, label names and buckets are vLLM 0.33's
 (``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``); prometheus_client adds
 ``_total`` to counters, as in vLLM. What each is fed from (``m`` is a step's metrics
-dict, see ``engine.events.metrics``; ``first``/``finished`` are its ``first_tokens`` and
-``finished_requests``, see ``engine.events.request_stats``):
+dict, see ``engine.events.metrics.step_metrics``; ``first``/``finished`` are its ``first_tokens`` and
+``finished_requests``, see ``engine.events.metrics.request_stats``):
 
 - gauges, from the latest step: ``num_requests_running``; ``num_requests_waiting`` =
   waiting + preempted (vLLM requeues a preempted request into ``waiting``);
@@ -28,7 +28,7 @@ dict, see ``engine.events.metrics``; ``first``/``finished`` are its ``first_toke
 - ``time_to_first_token_seconds`` from ``first`` (one observation per first token),
   ``inter_token_latency_seconds`` from ``m["itl_s"]``; ``iteration_tokens_total`` from
   ``m["num_batched_tokens"]`` of each step that ran tokens.
-- block residency from ``BlockTenure``s (``engine.events.block_residency``).
+- block residency from ``BlockTenure``s (``engine.events.metrics.block_residency``).
 
 A kvscope request with ``n > 1`` is one group (one ``FinishedRequestStats``), where vLLM
 counts each of its n child requests in ``request_success`` and the per-request
@@ -42,8 +42,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from engine.events.block_residency import BlockTenure
-from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
+from engine.events.metrics.block_residency import BlockTenure
+from engine.events.metrics.request_stats import FinishedRequestStats, FirstTokenStats
 from engine.server.metrics import buckets
 from engine.server.metrics.cache_config import HELP as CACHE_CONFIG_HELP
 from engine.server.metrics.cache_config import LABEL_NAMES as CACHE_CONFIG_LABELS

@@ -1,5 +1,5 @@
 """The paged run's schedule, per request, read from its StepRecords (what the contiguous
-baseline replays, ``engine.events.baseline``).
+baseline replays, ``engine.events.baseline.contiguous``).
 
 For every request: the step it arrived, the step the paged scheduler first scheduled it,
 and its state at the end of every step from then on (``Moment``: running, waiting or
@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events.request_status import RequestStatus
-from engine.events.types import (
+from engine.events.schema.request_status import RequestStatus
+from engine.events.schema.types import (
     RequestArrived, RequestFinished, RequestForked, RequestPreempted, RequestProgress,
     RequestScheduled,
 )
@@ -106,7 +106,7 @@ class Schedule:
 class ScheduleTrace:
     """The paged run's schedule (a ``TraceRequest`` per request), read from its
     StepRecords one at a time, so a live view extends it step by step. Statuses follow
-    the reducer's rules (``engine.events.rules``): arrived → waiting, scheduled →
+    the reducer's rules (``engine.events.folds.rules``): arrived → waiting, scheduled →
     running, preempted, forked with blocks → running, finished → gone. A step missing
     from the records (lost by a live client) holds every state still.
 

@@ -4,7 +4,7 @@ Holds per-block ref counts, hashes and tokens, the free queue and the requests;
 ``to_snapshot`` turns it into a ``PoolSnapshot`` and ``summary`` into a
 ``PoolSummary``. ``check`` asserts the invariants between them.
 
-Writer: ``apply_event``, through the per-event rules in ``engine.events.rules``
+Writer: ``apply_event``, through the per-event rules in ``engine.events.folds.rules``
 (construction aside: ``from_snapshot`` and ``copy``).
 """
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from engine.events.fold import Fold
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.pool_summary import PoolSummary
-from engine.events.request_state import RequestState
-from engine.events.request_status import RequestStatus
-from engine.events.rules import HANDLERS, ImpossibleEventError
-from engine.events.types import Event, event_from_dict
+from engine.events.folds.fold import Fold
+from engine.events.folds.folded_request import FoldedRequest
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.folds.rules import HANDLERS, ImpossibleEventError
+from engine.events.metrics.pool_summary import PoolSummary
+from engine.events.schema.request_status import RequestStatus
+from engine.events.schema.types import Event, event_from_dict
 
 
 class PoolState(Fold):
@@ -42,7 +42,7 @@ class PoolState(Fold):
         # An OrderedDict is the reducer's doubly linked list: O(1) pop from the
         # middle (hits, allocation) and push at either end (hashless → head).
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.requests: dict[str, RequestState] = {}
+        self.requests: dict[str, FoldedRequest] = {}
 
     # ---- construction ------------------------------------------------------
 
@@ -56,7 +56,7 @@ class PoolState(Fold):
         for b in snap.blocks:
             s.ref[b.id], s.hash[b.id], s.block_tokens[b.id] = b.ref_count, b.hash, b.token_ids
         s.free = OrderedDict.fromkeys(snap.free_queue)
-        s.requests = {rid: RequestState.from_view(r) for rid, r in snap.requests.items()}
+        s.requests = {rid: FoldedRequest.from_view(r) for rid, r in snap.requests.items()}
         s.check(statuses=False)  # may be a mid-step state (blocks before request_scheduled)
         return s
 

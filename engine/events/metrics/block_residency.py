@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.events import types as event_types
+from engine.events.schema import types as event_types
 
 ACCESS_HISTORY = 4  # vLLM's BlockMetricsState.access_history maxlen
 

@@ -6,15 +6,15 @@ the same events with ``PoolState``. After every step the folded state must equal
 drift between engine and reducer) raises ``ImpossibleEventError`` at once.
 
 This module is the public entry point: it re-exports ``PoolState``
-(``engine.events.pool_state``) and ``ImpossibleEventError``
-(``engine.events.rules``, with the per-event rules) and ``PoolSnapshot``
-(``engine.events.pool_snapshot``, which states the JSON shape).
+(``engine.events.folds.pool_state``) and ``ImpossibleEventError``
+(``engine.events.folds.rules``, with the per-event rules) and ``PoolSnapshot``
+(``engine.events.folds.pool_snapshot``, which states the JSON shape).
 
 Writer: ``PoolState`` is written only by ``apply_event``.
 """
 
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.pool_state import PoolState
-from engine.events.rules import ImpossibleEventError
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.folds.pool_state import PoolState
+from engine.events.folds.rules import ImpossibleEventError
 
 __all__ = ["ImpossibleEventError", "PoolSnapshot", "PoolState"]

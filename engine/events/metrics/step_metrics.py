@@ -16,7 +16,7 @@ Pool (from the PoolSummary; a block is *referenced* when its ref_count > 0):
   ``num_cached_free_blocks`` (ref 0 with a hash: hittable, evicted LRU) — blocks;
   ``num_filled_slots`` — token slots (the PoolSummary's fill).
 Counters, each cumulative and with a ``_step`` twin, as ``EventCounts`` defines
-them (engine.events.event_counts; one lookup per admission, each event counted by
+them (engine.events.metrics.event_counts; one lookup per admission, each event counted by
 its own fields):
 - prefix cache (tokens): ``prefix_cache_queries``, ``prefix_cache_hits`` (first
   admissions, caching on: vLLM's), ``prefix_cache_resumed_queries``/``_hits``
@@ -40,7 +40,7 @@ Latency (seconds; observations the engine hands in for this step):
   interpolation between closest ranks, as numpy's default). Bounded on purpose: a
   run-long sorted list grew by every token (ITL) and every insert moved it all, so a
   10-minute soak's steps got slower and its memory grew with every request served.
-Requests (the output processor's per-request figures, ``engine.events.request_stats``):
+Requests (the output processor's per-request figures, ``engine.events.metrics.request_stats``):
 ``first_tokens`` and ``finished_requests``, the ``to_dict()`` of each FirstTokenStats /
 FinishedRequestStats of this step (empty lists when none).
 Throughput: ``num_output_tokens_step`` (tokens appended by request_progress),
@@ -58,10 +58,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events.event_counts import MISS_CAUSES, EventCounts
-from engine.events.pool_summary import PoolSummary
-from engine.events.request_stats import FinishedRequestStats, FirstTokenStats
-from engine.events.types import Event
+from engine.events.metrics.event_counts import MISS_CAUSES, EventCounts
+from engine.events.metrics.pool_summary import PoolSummary
+from engine.events.metrics.request_stats import FinishedRequestStats, FirstTokenStats
+from engine.events.schema.types import Event
 
 __all__ = ["MAX_LATENCY_SAMPLES", "MISS_CAUSES", "LatencyObservations", "LatencyWindow", "MetricsConfig",
            "MetricsTracker", "percentile"]

@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events.json_text import compact
-from engine.events.legacy import upgrade_events
-from engine.events.types import Event, event_from_dict
+from engine.events.schema.json_text import compact
+from engine.events.schema.legacy import upgrade_events
+from engine.events.schema.types import Event, event_from_dict
 
 
 @dataclass(slots=True)
@@ -63,7 +63,7 @@ class StepRecord:
         )
 
     def json_parts(self) -> tuple[str, str]:
-        """(events, metrics) as compact JSON text (``engine.events.json_text``), written
+        """(events, metrics) as compact JSON text (``engine.events.schema.json_text``), written
         once and shared by every reader: the step frame every watcher gets and the
         recorder's row. A record is not changed after it is published (its writer is the
         engine, before it publishes); a redacted copy is a new record."""

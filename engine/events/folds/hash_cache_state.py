@@ -2,12 +2,12 @@
 
 The attach-mode twin of ``PoolState``: the live client, the recorder's replay and the
 dashboard fold an attached run with it, and ``to_snapshot`` gives a
-``HashCacheSnapshot``. The rules (semantics in ``engine.events.types``):
+``HashCacheSnapshot``. The rules (semantics in ``engine.events.schema.types``):
 
 - ``kv_block_stored``: each hash not yet cached on (pod, medium) is added with its
   parent (the previous hash of the chain; the first one's is ``parent_hash``) and its
   tokens; one already cached is touched. The stored chain's cached ancestors are
-  accessed (``engine.events.residency`` says what counts as reuse).
+  accessed (``engine.events.metrics.residency`` says what counts as reuse).
 - ``kv_block_removed``: each hash leaves (pod, medium); with no medium, whichever
   medium holds it. A hash not held is counted in ``unknown_removals``, never an error:
   a stream joined late or with a hole can remove what this fold never saw. Children
@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.events.fold import Fold
-from engine.events.hash_cache_snapshot import (
+from engine.events.folds.fold import Fold
+from engine.events.folds.hash_cache_snapshot import (
     CachedBlockView, HashCacheSnapshot, PodCacheView, StreamHole, StreamSegment,
 )
-from engine.events.residency import ResidencyLog
-from engine.events.types import (
+from engine.events.metrics.residency import ResidencyLog
+from engine.events.schema.types import (
     Event, KVAllCleared, KVBlockRemoved, KVBlockStored, KVGap, KVSegment, event_from_dict,
 )
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import enum
 from typing import Any, Union
 
-from engine.events.hash_cache_snapshot import HashCacheSnapshot
-from engine.events.hash_cache_state import HashCacheState
-from engine.events.pool_snapshot import PoolSnapshot
-from engine.events.pool_state import PoolState
+from engine.events.folds.hash_cache_snapshot import HashCacheSnapshot
+from engine.events.folds.hash_cache_state import HashCacheState
+from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.events.folds.pool_state import PoolState
 
 AnySnapshot = Union[PoolSnapshot, HashCacheSnapshot]
 AnyState = Union[PoolState, HashCacheState]

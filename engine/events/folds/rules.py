@@ -3,23 +3,23 @@
 ``HANDLERS`` maps every event class to its rule; ``PoolState.apply_event`` is
 the only caller. A rule checks that its event fits the folded state and raises
 ``ImpossibleEventError`` when it does not (the engine and reducer drifted).
-The semantics each rule follows are stated in ``engine.events.types``.
+The semantics each rule follows are stated in ``engine.events.schema.types``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.events.request_state import RequestState
-from engine.events.request_status import RequestStatus
-from engine.events.types import (
+from engine.events.folds.folded_request import FoldedRequest
+from engine.events.schema.request_status import RequestStatus
+from engine.events.schema.types import (
     BlockAllocated, BlockCached, BlockEvicted, BlockFreed, CowCopy, Event, EvictionReason,
     PrefixCacheReset, PrefixHit, PrefixLookup, RequestArrived, RequestFinished, RequestForked,
     RequestPreempted, RequestProgress, RequestScheduled,
 )
 
 if TYPE_CHECKING:
-    from engine.events.pool_state import PoolState
+    from engine.events.folds.pool_state import PoolState
 
 
 class ImpossibleEventError(ValueError):
@@ -28,7 +28,7 @@ class ImpossibleEventError(ValueError):
 
 # ---- checks and reference moves shared by the rules -------------------------
 
-def _req(s: PoolState, e: Event, rid: str) -> RequestState:
+def _req(s: PoolState, e: Event, rid: str) -> FoldedRequest:
     r = s.requests.get(rid)
     if r is None:
         raise ImpossibleEventError(f"{e.type} at step {e.step}: unknown request {rid!r}")
@@ -165,7 +165,7 @@ def _cache_reset(s: PoolState, e: PrefixCacheReset) -> None:
 def _arrived(s: PoolState, e: RequestArrived) -> None:
     if e.request_id in s.requests:
         raise ImpossibleEventError(f"request_arrived at step {e.step}: {e.request_id!r} exists")
-    s.requests[e.request_id] = RequestState(RequestStatus.WAITING, [], e.num_prompt_tokens, 0,
+    s.requests[e.request_id] = FoldedRequest(RequestStatus.WAITING, [], e.num_prompt_tokens, 0,
                                             0, list(e.prompt_token_ids), e.parent_id,
                                             e.arrival_index)
 
@@ -179,7 +179,7 @@ def _forked(s: PoolState, e: RequestForked) -> None:
     # inherits its parent's prefix-cache credit, as the engine's Request.fork does.
     parent = s.requests.get(e.parent_id)
     status = RequestStatus.RUNNING if e.blocks else RequestStatus.WAITING
-    s.requests[e.request_id] = RequestState(status, list(e.blocks),
+    s.requests[e.request_id] = FoldedRequest(status, list(e.blocks),
                                             e.num_tokens, e.num_computed_tokens,
                                             parent.num_cached_tokens if parent else 0,
                                             list(e.token_ids), e.parent_id, e.arrival_index)

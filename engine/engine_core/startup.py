@@ -7,8 +7,9 @@ chunk budget, block count) are computed here and passed on explicitly; the
 EngineConfig is never written back. Runs where the core runs (this process, or the
 core's own: ``engine.engine_core.process``), so it may import torch.
 
-``build_engine(config)`` is the in-process engine over such a core (``LLM``, lessons,
-benchmarks, tests); ``LLMEngine.from_config`` picks the client the config asks for.
+``engine.llm_engine.build_engine(config)`` is the in-process engine over such a core
+(``LLM``, lessons, benchmarks, tests); ``LLMEngine.from_config`` picks the client the
+config asks for.
 """
 
 from __future__ import annotations
@@ -22,10 +23,8 @@ from engine.core import (
     CacheConfig, ConfigError, EventLog, KVCacheTooSmallError, NewRequestData, SamplingParams,
     ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput,
 )
-from engine.engine_core.client import InprocClient
 from engine.engine_core.core import EngineCore
-from engine.engine_parts import EngineParts
-from engine.llm_engine import LLMEngine
+from engine.engine_core.parts import EngineParts
 from engine.model.attention import select_backend
 from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
@@ -100,13 +99,6 @@ def default_cpu_blocks(per_block: int, block_size: int, max_model_len: int, max_
     ``max_num_seqs`` full-length sequences can use at once (vLLM's "maximum
     concurrency" figure), so a tiny model does not get a pool nothing ever fills."""
     return min(DEFAULT_CPU_KV_BYTES // per_block, max_num_seqs * -(-max_model_len // block_size))
-
-
-def build_engine(cfg: EngineConfig, loaded: LoadedModel | None = None, kv_events=None) -> LLMEngine:
-    """An engine over a core in this process (on ``loaded`` weights when given: lessons
-    and benchmarks build many engines on one model; ``kv_events``: a running publisher
-    to take over). ``cfg.engine_core_process`` is not consulted: this core is here."""
-    return LLMEngine(cfg, InprocClient(build_engine_core(cfg, loaded)), kv_events)
 
 
 def build_engine_core(cfg: EngineConfig, loaded: LoadedModel | None = None) -> EngineCore:

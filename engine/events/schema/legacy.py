@@ -1,6 +1,6 @@
 """Reading protocol v1 step bodies (runs recorded before v2) as v2 events.
 
-v1 differed in two ways the reducer cares about (``engine.events.types`` states v2):
+v1 differed in two ways the reducer cares about (``engine.events.schema.types`` states v2):
 - a copy-on-write was a ``block_freed`` of src (its new ref count) followed by a
   ``cow_copy`` without ``src_ref_count``; v2 has one self-contained ``cow_copy``;
 - ``block_evicted`` had no ``reason``. A v1 engine emitted a reset's evictions

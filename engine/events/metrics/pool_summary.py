@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events.request_status import LIVE_STATUSES, RequestStatus
+from engine.events.schema.request_status import LIVE_STATUSES, RequestStatus
 
 
 def slots_filled(num_computed_tokens: int, logical_index: int, block_size: int) -> int:
@@ -94,7 +94,7 @@ class PoolSummary:
         )
 
     def figures(self) -> dict[str, Any]:
-        """Usage and fragmentation (definitions in engine.events.metrics)."""
+        """Usage and fragmentation (definitions in engine.events.metrics.step_metrics)."""
         used, filled = self.num_used_blocks, self.num_filled_slots
         return {
             "kv_cache_usage": used / self.num_blocks,

@@ -1,5 +1,8 @@
 """Contiguous-allocation baseline: this run's schedule replayed on a contiguous allocator.
 
+(Past 300 lines because this docstring is the baseline's whole specification, ~55 lines;
+the simulator, its figures and the paged comparison are one concept, ~250 lines of code.)
+
 Pre-PagedAttention servers reserved one contiguous KV region per request. This puts the
 paged run beside that, on a linear array of ``capacity`` token slots (= the paged
 pool's num_blocks * block_size), changing one thing only: where memory comes from.
@@ -60,12 +63,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.events.pool_state import PoolState
-from engine.events.pool_summary import PoolSummary
-from engine.events.request_status import RequestStatus
-from engine.events.schedule_trace import (  # noqa: F401  (re-exported: the trace's types)
+from engine.events.baseline.schedule_trace import (  # noqa: F401  (re-exported: the trace's types)
     Moment, Schedule, ScheduleTrace, TraceRequest, schedule_of, trace_from_records,
 )
+from engine.events.folds.pool_state import PoolState
+from engine.events.metrics.pool_summary import PoolSummary
+from engine.events.schema.request_status import RequestStatus
 
 
 class Reservation(enum.Enum):

@@ -1,7 +1,7 @@
 """``HashCacheSnapshot``: what a hash-only KV event stream says each pod has cached.
 
 The attach-mode twin of ``PoolSnapshot``: built by ``HashCacheState.to_snapshot``
-from the ``kv_*`` events (``engine.events.types``), sent in the ``snapshot``
+from the ``kv_*`` events (``engine.events.schema.types``), sent in the ``snapshot``
 message of an attached run and read by the dashboard and ``kvscope replay``.
 A hash-only stream has no physical block ids, ref counts, block tables or
 requests, so neither has this. Its JSON form (``kind`` tells it from a pool)::
@@ -35,7 +35,7 @@ class CachedBlockView:
     medium: str | None
     stored_step: int
     stored_ts: float
-    last_access_ts: float  # the latest store that used it (see engine.events.residency)
+    last_access_ts: float  # the latest store that used it (see engine.events.metrics.residency)
     reuses: int = 0  # stores that certainly reused it (a re-store, or a branch below it)
     lora_name: str | None = None
 

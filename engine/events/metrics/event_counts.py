@@ -34,7 +34,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.events.types import (
+from engine.events.schema.types import (
     BlockEvicted, CowCopy, Event, EvictionReason, PrefixCacheReset, PrefixLookup,
     RequestFinished, RequestPreempted, RequestProgress, RequestScheduled, ScheduledPhase,
 )

@@ -1,7 +1,5 @@
-"""EngineParts: what ``engine.startup.build_engine`` made besides the scheduler.
-
-Its own module so that both ``engine.startup`` (the builder) and ``engine.llm_engine``
-(the holder) can name it without importing each other.
+"""EngineParts: what ``engine.engine_core.startup.build_engine_core`` made besides the
+scheduler (the core holds them; a restart reuses the loaded weights).
 """
 
 from __future__ import annotations

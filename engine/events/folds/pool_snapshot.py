@@ -13,7 +13,7 @@ over the websocket (``snapshot`` message) and into lesson documents as
                         "num_cached_tokens", "token_ids", "parent_id", "arrival_index"}}}
 
 A block's ``num_tokens`` is its filled slots: for a referenced block the fill of
-``engine.events.pool_summary``; a free cached block is full; a free uncached one
+``engine.events.metrics.pool_summary``; a free cached block is full; a free uncached one
 holds nothing worth counting. ``token_ids`` may be None (a snapshot built
 without tokens, or a block without a hash).
 
@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events.pool_summary import PoolSummary, fill_by_block, slots_filled
-from engine.events.request_status import RequestStatus
+from engine.events.metrics.pool_summary import PoolSummary, fill_by_block, slots_filled
+from engine.events.schema.request_status import RequestStatus
 
 
 class BlockState(enum.StrEnum):

@@ -7,7 +7,7 @@ kvscope's own and attach mode's; the rules that fold them live elsewhere.)
 Plain Python (no torch). Each event is a frozen dataclass with a ``type`` tag and
 the engine ``step`` it happened in; ``to_dict``/``event_from_dict`` give the JSON
 round trip. Events are atomic operations on the pool, so a pure reducer can
-rebuild the engine's exact state from them (see ``engine.events.reducer``), and
+rebuild the engine's exact state from them (see ``engine.events.folds.reducer``), and
 each carries its own cause: no reader has to guess from neighbouring events.
 
 Semantics the reducer relies on (writer: ``engine.core``):
@@ -45,10 +45,10 @@ Semantics the reducer relies on (writer: ``engine.core``):
 - ``request_progress``: absolute ``num_tokens``/``num_computed_tokens`` after the
   step's update, plus the tokens appended this step.
 
-Hash-only events (writer: ``engine.attach``; folded by ``engine.events.hash_cache_state``)
+Hash-only events (writer: ``engine.attach``; folded by ``engine.events.folds.hash_cache_state``)
 are what ``kvscope attach`` records from a vLLM / SGLang / kvscope KV event stream.
 They carry no block ids, ref counts or request ids, because the stream has none.
-Each names the ``pod`` it came from; hashes are strings (``engine.events.hash_key``).
+Each names the ``pod`` it came from; hashes are strings (``engine.events.schema.hash_key``).
 - ``kv_block_stored``: the chain ``block_hashes`` became cached; the first one's
   parent is ``parent_hash`` (None: a root), each next one's parent is the one
   before it; ``token_ids`` are the blocks' tokens, ``block_size`` per block. A hash
@@ -66,7 +66,7 @@ Each names the ``pod`` it came from; hashes are strings (``engine.events.hash_ke
 
 Version 2 (this one) added ``block_evicted.reason``, ``cow_copy.src_ref_count``
 (no ``block_freed`` before it any more) and ``prefix_lookup.resumed``;
-``engine.events.legacy`` upgrades version 1 step bodies on decode.
+``engine.events.schema.legacy`` upgrades version 1 step bodies on decode.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from engine.events.json_text import compact, compact_bytes
+from engine.events.schema.json_text import compact, compact_bytes
 
 PROTOCOL_VERSION = 2
 
@@ -374,7 +374,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
 def event_from_dict(d: dict[str, Any]) -> Event:
     """Inverse of ``Event.to_dict``; raises ValueError on an unknown type, a missing
     field or a field value the event rejects (a v1 body goes through
-    ``engine.events.legacy`` first; ``StepRecord`` does that)."""
+    ``engine.events.schema.legacy`` first; ``StepRecord`` does that)."""
     try:
         cls = EVENT_TYPES[d["type"]]
     except KeyError as exc:

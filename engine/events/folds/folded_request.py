@@ -1,6 +1,6 @@
 """One request as the reducer folds it: its lifecycle status and its block table.
 
-Writer: the event rules in ``engine.events.rules`` (and ``PoolState`` when it is
+Writer: the event rules in ``engine.events.folds.rules`` (and ``PoolState`` when it is
 built from a snapshot or copied).
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.events.pool_snapshot import RequestView
-from engine.events.request_status import RequestStatus
+from engine.events.folds.pool_snapshot import RequestView
+from engine.events.schema.request_status import RequestStatus
 
 
 @dataclass(slots=True, eq=False)
-class RequestState:
+class FoldedRequest:
     """A request's folded fields, in ``RequestView`` terms."""
 
     status: RequestStatus
@@ -26,7 +26,7 @@ class RequestState:
     arrival_index: int
 
     @classmethod
-    def from_view(cls, r: RequestView) -> RequestState:
+    def from_view(cls, r: RequestView) -> FoldedRequest:
         return cls(r.status, list(r.block_table), r.num_tokens, r.num_computed_tokens,
                    r.num_cached_tokens, list(r.token_ids or ()), r.parent_id, r.arrival_index)
 
@@ -35,8 +35,8 @@ class RequestState:
                            self.num_computed_tokens, self.num_cached_tokens,
                            tuple(self.token_ids), self.parent_id, self.arrival_index)
 
-    def copy(self) -> RequestState:
+    def copy(self) -> FoldedRequest:
         """An independent copy (fresh table and token list)."""
-        return RequestState(self.status, list(self.table), self.num_tokens,
+        return FoldedRequest(self.status, list(self.table), self.num_tokens,
                             self.num_computed_tokens, self.num_cached_tokens,
                             list(self.token_ids), self.parent_id, self.arrival_index)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from engine.events.hash_cache_snapshot import CachedBlockView, PodCacheView
+from engine.events.folds.hash_cache_snapshot import CachedBlockView, PodCacheView
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +70,6 @@ class PrefixTree:
             kids = [c for c in self.children.get(h, ()) if c in self.size]
             self.size[h] = 1 + sum(self.size[c] for c in kids)
             self.leaves[h] = sum(self.leaves[c] for c in kids) or 1
-
-    def root_of(self, h: str) -> str:
-        while (p := self.blocks[h].parent) is not None and p in self.blocks:
-            h = p
-        return h
 
     def path(self, h: str) -> list[str]:
         """Hashes from the root down to ``h``."""
