@@ -4,9 +4,9 @@ Every algorithm here is stable across processes and runs (a stored run replays w
 same hashes), and only full blocks are hashed. Hashes travel as hex digests. Three
 algorithms (``CacheConfig.prefix_caching_hash_algo``):
 
-- ``"kvscope"`` (the default so far): sha256 over the text ``parent|t0,t1,...|extra``,
-  the root block's parent spelled ``root``.
-- ``"sha256"``, vLLM's default (vllm/v1/core/kv_cache_utils.py ``hash_block_tokens``,
+- ``"kvscope"``, kvscope's own before it took vLLM's: sha256 over the text
+  ``parent|t0,t1,...|extra``, the root block's parent spelled ``root``.
+- ``"sha256"``, vLLM's default and kvscope's (vllm/v1/core/kv_cache_utils.py ``hash_block_tokens``,
   vllm/utils/hashing.py ``sha256``): sha256 of
   ``pickle.dumps((parent_digest, tuple(token_ids), extra_keys), pickle.HIGHEST_PROTOCOL)``.
 - ``"sha256_cbor"``, vLLM's language-neutral one: the same tuple as canonical CBOR
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 HASH_ALGOS = ("kvscope", "sha256", "sha256_cbor")
-DEFAULT_HASH_ALGO = "kvscope"
+DEFAULT_HASH_ALGO = "sha256"  # vLLM's default: the same tokens give a real vLLM's hashes
 VLLM_NONE_HASH_SEED = "vllm-none-hash"  # vLLM's DEFAULT_NONE_HASH_SEED
 
 

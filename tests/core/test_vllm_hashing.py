@@ -104,12 +104,13 @@ def test_cbor_encoder_heads():
     assert cbor_canonical(("ab", b"\x01")) == bytes.fromhex("82" "626162" "4101")
 
 
-def test_kvscope_algo_is_unchanged_and_the_default():
-    # the digest kvscope has always used: sha256("root|1,2,3,4|")
+def test_kvscope_algo_is_unchanged_and_vllms_is_the_default():
+    # the digest kvscope used before it took vLLM's: sha256("root|1,2,3,4|")
     import hashlib
 
-    assert hash_full_blocks([1, 2, 3, 4], 4, []) == [hashlib.sha256(b"root|1,2,3,4|").hexdigest()]
-    assert CacheConfig().prefix_caching_hash_algo == "kvscope"
+    assert hash_full_blocks([1, 2, 3, 4], 4, [], algo="kvscope") == [hashlib.sha256(b"root|1,2,3,4|").hexdigest()]
+    assert hash_full_blocks([1, 2, 3, 4], 4, []) == BlockHasher("sha256").full_blocks([1, 2, 3, 4], 4, [])
+    assert CacheConfig().prefix_caching_hash_algo == "sha256"
     assert CacheConfig(prefix_caching_hash_algo="sha256").prefix_caching_hash_algo == "sha256"
     with pytest.raises(ConfigError, match="prefix_caching_hash_algo"):
         CacheConfig(prefix_caching_hash_algo="xxhash")
