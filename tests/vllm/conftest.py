@@ -5,7 +5,7 @@ The venv is made by ``bash tests/vllm/setup_vllm.sh`` (.venv-vllm/, or $VLLM_VEN
 it every test here is skipped with one reason, except in CI (CI=true), where its absence
 fails them: a tier that silently skips in CI checks nothing.
 
-vLLM starts once per session (about 30 s eager, 4 GB of RSS) and is stopped, with its engine
+vLLM starts once per session (about 30 s eager, 3.3 GB of RSS) and is stopped, with its engine
 core and worker, through its process group at the end. The tests of this tier never have
 both servers busy at once: each sends one server its workload, waits for every answer, and
 only then turns to the other.

@@ -186,7 +186,8 @@ def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | N
     makes vLLM connect out rather than bind); its address is ``server.events_endpoint``.
     ``num_gpu_blocks_override``: the pool's size in blocks, vLLM's null block included (64
     usable blocks is 65). ``enforce_eager`` (the default) skips torch.compile: about 30 s
-    to /health on the 2-core box rather than 75-160 s, and the same kernels kvscope is
+    to /health on the 2-core box rather than 68 s compiled (measured; the issue saw 75-160 s),
+    and the same kernels kvscope is
     compared with (set False to test the compiled path).
     /reset_prefix_cache is one of vLLM's dev endpoints, so VLLM_SERVER_DEV_MODE=1.
     """
