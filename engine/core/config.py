@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.errors import ConfigError, KVCacheTooSmallError
+from engine.core.hashing import DEFAULT_HASH_ALGO, HASH_ALGOS
 
 
 MAX_BLOCK_SIZE = 1024  # tokens; vLLM's largest supported block is far smaller
@@ -43,14 +44,20 @@ def check_block_size(block_size) -> None:
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    """The physical KV pool: ``num_blocks`` blocks of ``block_size`` token slots."""
+    """The physical KV pool: ``num_blocks`` blocks of ``block_size`` token slots.
+
+    ``prefix_caching_hash_algo``: how full blocks are hashed (engine.core.hashing)."""
 
     block_size: int = 16
     num_blocks: int = 256
     enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = DEFAULT_HASH_ALGO
 
     def __post_init__(self) -> None:
         check_block_size(self.block_size)
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ConfigError(f"prefix_caching_hash_algo must be one of {', '.join(map(repr, HASH_ALGOS))}, "
+                              f"got {self.prefix_caching_hash_algo!r}")
         if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
             raise ConfigError(f"num_blocks must be a positive integer, got {self.num_blocks!r}")
 

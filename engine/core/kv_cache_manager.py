@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from engine.core.block_pool import Block, BlockPool
 from engine.core.config import CacheConfig
 from engine.core.event_log import EventLog
-from engine.core.hashing import hash_full_blocks
+from engine.core.hashing import get_hasher
 from engine.core.miss_causes import MissCauses, default_max_remembered
 from engine.core.request import Request
 from engine.events.schema.types import (
@@ -45,6 +45,7 @@ class KVCacheManager:
         ``miss_causes.default_max_remembered``)."""
         self.config = config
         self.block_size = config.block_size
+        self.hasher = get_hasher(config.prefix_caching_hash_algo)
         self.log = log
         self.misses = MissCauses(config.block_size, max_remembered_hashes
                                  or default_max_remembered(config.num_blocks))
@@ -64,7 +65,7 @@ class KVCacheManager:
         resumed = req.num_preemptions > 0  # as vLLM's PrefixCacheStats.record(preempted=)
         if not self.config.enable_prefix_caching:
             return PrefixMatch(num_query_tokens=n, miss_disabled=n, resumed=resumed)
-        hashes = hash_full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
+        hashes = self.hasher.full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
         max_blocks = (n - 1) // bs  # the last token's logits are needed
         m = PrefixMatch(num_query_tokens=n, resumed=resumed)
         for h in hashes[:max_blocks]:
@@ -160,7 +161,7 @@ class KVCacheManager:
         start = self.num_hashed.get(rid, 0)
         if full <= start:
             return
-        hashes = hash_full_blocks(req.token_ids[: full * bs], bs, self.hashes.setdefault(rid, []))
+        hashes = self.hasher.full_blocks(req.token_ids[: full * bs], bs, self.hashes.setdefault(rid, []))
         for i in range(start, full):
             parent = hashes[i - 1] if i else None
             if self.pool.cache(table[i], hashes[i], parent, tuple(req.token_ids[i * bs:(i + 1) * bs])):
