@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from engine.core.hashing import DEFAULT_HASH_ALGO, HASH_ALGOS
+
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine options shared by every command that starts an engine."""
@@ -24,6 +26,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default=DEFAULT_HASH_ALGO,
+                   help="how full blocks are hashed: vLLM's sha256 (the default, so KV events carry "
+                        "a vLLM pod's hashes for the same tokens), sha256_cbor, or kvscope's own")
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
     g.add_argument("--n-sharing", default="cow", choices=["cow", "prefix_cache"],
                    help="how n > 1 samples share KV blocks: cow = copy-on-write forks "

@@ -182,6 +182,9 @@ FORCE_COMPILED_TRITON = _switch(
     "KVSCOPE_FORCE_COMPILED_TRITON", "off", False,
     "`1`: the tests never set `TRITON_INTERPRET` (GPU runs: compiled kernels)",
     "tests/conftest.py", "bench/gpu_check.sh", scope=TESTS)
+VLLM_STARTUP_S = _switch(
+    "KVSCOPE_VLLM_STARTUP_S", "float", 480.0,
+    "seconds the vLLM tier waits for `vllm serve`'s /health", "tests/vllm/servers.py", scope=TESTS)
 UPDATE_SCREENSHOTS = _switch(
     "KVSCOPE_UPDATE_SCREENSHOTS", "off", False,
     "`1`: the browser tests rewrite the docs' screenshots", "tests/dashboard/test_browser.py", scope=TESTS)
@@ -214,6 +217,10 @@ TRITON_INTERPRET = _switch(
     "`1`: Triton kernels run in its interpreter (the triton backend on a CPU sets it)",
     "engine/model/attention.py", "kernels/triton_checks.py", "bench/kernels_bench.py",
     "tests/conftest.py", scope=FOREIGN)
+PYTHONHASHSEED = _switch(
+    "PYTHONHASHSEED", "text", None,
+    "vLLM's root of the block-hash chain when set (unset: vLLM's fixed seed), as vLLM reads it",
+    "engine/core/hashing.py", scope=FOREIGN)
 CXX = _switch(
     "CXX", "text", "c++",
     "the C++ compiler torch's extension builder runs for kernels/*.cpp", "kernels/cpu_build.py",

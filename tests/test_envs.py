@@ -23,6 +23,7 @@ NAME = re.compile(r"\bKVSCOPE_[A-Z0-9_]*[A-Z0-9]")
 DIRECT_ENV = {
     "bench/threads_ab.py": "builds each child's whole environment",
     "dashboard/server_process.py": "copies the environment for the server it starts",
+    "engine/engine_core/client.py": "copies the environment for the core's process it starts",
     "engine/openai/snippets.py": "the text of a client snippet, not a read",
     "kernels/cpu_build.py": "puts the venv's ninja on PATH for torch's builder",
 }

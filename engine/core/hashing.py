@@ -26,11 +26,12 @@ Pure Python (hashlib and pickle), as everything in engine.core.
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from engine import envs
 
 HASH_ALGOS = ("kvscope", "sha256", "sha256_cbor")
 DEFAULT_HASH_ALGO = "sha256"  # vLLM's default: the same tokens give a real vLLM's hashes
@@ -99,7 +100,7 @@ _VLLM_FNS: dict[str, Callable[[Any], bytes]] = {"sha256": vllm_sha256, "sha256_c
 
 def none_hash_seed() -> str:
     """vLLM's resolve_none_hash_seed for its cryptographic algorithms."""
-    seed = os.environ.get("PYTHONHASHSEED")
+    seed = envs.PYTHONHASHSEED.get()
     return seed if seed is not None else VLLM_NONE_HASH_SEED
 
 

@@ -145,7 +145,8 @@ def build_engine_core(cfg: EngineConfig, loaded: LoadedModel | None = None) -> E
             f"{source} leaves room for no KV block (one block of {cfg.block_size} tokens costs "
             f"{per_block} bytes); raise the KV budget")
     cache = CacheConfig(block_size=cfg.block_size, num_blocks=num_blocks,
-                        enable_prefix_caching=cfg.enable_prefix_caching)
+                        enable_prefix_caching=cfg.enable_prefix_caching,
+                        prefix_caching_hash_algo=cfg.prefix_caching_hash_algo)
     scheduler = Scheduler(sched, cache, EventLog(enabled=cfg.enable_events))  # checks capacity
     backend = select_backend(cfg.attention_backend, device)
     runner = ModelRunner(loaded, num_blocks, cfg.block_size, backend)

@@ -26,6 +26,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine import envs
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 MODEL_NAME = "smollm2-135m"  # both servers answer to kvscope's name for the default model
@@ -36,7 +38,7 @@ MAX_MODEL_LEN = 2048
 # box has free). 512 MiB is 364 blocks of 32 tokens for SmolLM2-135M (46,080 bytes a token).
 VLLM_KV_BYTES = 512 << 20
 DEFAULT_KVSCOPE_BLOCKS = 363  # the usable part of that pool: vLLM keeps one block as its null block
-VLLM_STARTUP_S = float(os.environ.get("KVSCOPE_VLLM_STARTUP_S", "480"))
+VLLM_STARTUP_S = envs.VLLM_STARTUP_S.get()
 
 
 def vllm_venv() -> Path:

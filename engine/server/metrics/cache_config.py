@@ -32,7 +32,7 @@ def cache_config_labels(config: dict[str, Any]) -> dict[str, str]:
         "num_gpu_blocks_override": config.get("num_kv_blocks"),
         "num_cpu_blocks": None,
         "kv_cache_memory_bytes": config.get("kv_cache_memory"),
-        "prefix_caching_hash_algo": "sha256",  # engine.core.hashing
+        "prefix_caching_hash_algo": config.get("prefix_caching_hash_algo", "sha256"),  # engine.core.hashing
         "sliding_window": None,
         "kv_cache_size_tokens": num_blocks * block_size,
         # vLLM: num_blocks / blocks one max_model_len request needs (a float).
