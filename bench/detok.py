@@ -38,20 +38,17 @@ def _ids(tokenizer, n: int) -> list[int]:
 
 def _run_processor(tokenizer, ids: list[int]) -> tuple[list[float], str, str]:
     """Per-token seconds, the concatenated stream and the final text."""
-    from engine.core import EngineCoreOutput, EngineCoreOutputs, SampledToken, SamplingParams, TokenView
+    from engine.core import EngineCoreOutput, EngineCoreOutputs, SampledToken, SamplingParams
     from engine.output_processor import OutputProcessor
 
     proc = OutputProcessor(tokenizer)
     params = SamplingParams(max_tokens=len(ids), stop=STOPS, logprobs=1)
     proc.add_request(proc.new_request("r", None, [1, 2, 3], params, arrival_time=0.0))
-    out_ids: list[int] = []
-    view = TokenView(out_ids)  # the core's live view, as Request.output_token_ids gives it
     times, stream, final = [], [], ""
     for i, t in enumerate(ids):
-        out_ids.append(t)  # the core's append (not timed: the scheduler's work)
         last = i == len(ids) - 1
         core = EngineCoreOutputs(i + 1, 0.0, [EngineCoreOutput(
-            "r", None, 0, SampledToken(t, -1.0, ((t, -1.0),)), view, "length" if last else None,
+            "r", None, 0, SampledToken(t, -1.0, ((t, -1.0),)), "length" if last else None,
             None, 3, 0, 0)])
         t0 = time.perf_counter()
         (out,) = proc.process_outputs(core, now=float(i)).request_outputs

@@ -10,7 +10,7 @@ book, scheduler, runner states, miss causes, hub, history), and from ``TRACE_FRO
 seconds on Python's traced heap (tracemalloc, one frame) with the 20 allocation sites
 that grew most since tracing began. Tracing starts late on purpose: from the start it
 makes imports and model loading minutes slower on a small box. ``serve`` runs its engine
-as a thread here (``--engine-thread``), so the probes see the engine's heap too.
+core in this process here (``--engine-core-in-process``), so the probes see the core's heap too.
 """
 
 from __future__ import annotations
@@ -111,10 +111,10 @@ def probe(path: str, interval: float, trace_from: float) -> None:
 
 def main() -> int:
     path, interval, trace_from, argv = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
-    if argv[:1] == ["serve"] and "--engine-thread" not in argv:
-        # the probes read this process's heap, the engine's included: keep it here (a
-        # probed soak measures the engine thread, not kvscope serve's engine process)
-        argv = [*argv, "--engine-thread"]
+    if argv[:1] == ["serve"] and "--engine-core-in-process" not in argv:
+        # the probes read this process's heap, the core's included: keep it here (a
+        # probed soak measures the in-process core, not kvscope serve's core process)
+        argv = [*argv, "--engine-core-in-process"]
     threading.Thread(target=probe, args=(path, interval, trace_from), name="mem-probe", daemon=True).start()
     from engine.cli import main as cli_main
 

@@ -21,12 +21,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.core import KVScopeError, SamplingParams, SamplingParamsError
 from engine.core.ids import check_request_id
-from engine.engine_core.client import InprocClient, ProcessClient, make_client
+from engine.engine_core.client import ProcessClient, make_client
+from engine.engine_core.core import EngineCore
 from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
 from engine.engine_core.step_isolation import StepFault
 from engine.events.metrics.step_metrics import MetricsConfig, MetricsTracker
@@ -36,13 +36,10 @@ from engine.output_processor import OutputProcessor, ProcessedOutputs
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer, tokenize_prompt
 
-if TYPE_CHECKING:
-    from engine.engine_core.core import EngineCore
-
 logger = logging.getLogger(__name__)
 
 StepListener = Callable[[StepRecord], None]
-CoreClient = InprocClient | ProcessClient
+CoreClient = EngineCore | ProcessClient  # the core itself when it runs here
 
 
 class LLMEngine:
@@ -99,9 +96,9 @@ class LLMEngine:
     @property
     def engine_core(self) -> EngineCore:
         """The core itself, when it runs in this process (tests and benchmarks look in)."""
-        if not isinstance(self.core, InprocClient):
+        if not isinstance(self.core, EngineCore):
             raise AttributeError("the engine core runs in a process of its own")
-        return self.core.engine_core
+        return self.core
 
     @property
     def model_name(self) -> str:
@@ -249,4 +246,4 @@ def build_engine(cfg: EngineConfig, loaded=None, kv_events=None) -> LLMEngine:
     so is torch (``engine.engine_core.startup``)."""
     from engine.engine_core.startup import build_engine_core
 
-    return LLMEngine(cfg, InprocClient(build_engine_core(cfg, loaded)), kv_events)
+    return LLMEngine(cfg, build_engine_core(cfg, loaded), kv_events)

@@ -37,6 +37,11 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
+    """The core; in the engine's own process it is its own client (the same calls as
+    ``engine.engine_core.client.ProcessClient``)."""
+
+    pid = None  # it runs in the engine's process
+
     def __init__(self, config: EngineConfig, parts: EngineParts, scheduler: Scheduler,
                  governor: Any = None) -> None:
         self.config = config
@@ -218,8 +223,11 @@ class EngineCore:
         self.governor, self.info = new.governor, new.info
         return closing
 
+    def alive(self) -> bool:
+        return True
+
     def close(self) -> None:
-        """Nothing runs beside the core; here for the clients' symmetry."""
+        """Nothing runs beside the core (a process client stops its child here)."""
 
 
 def _info(config: EngineConfig, parts: EngineParts) -> CoreInfo:

@@ -1,8 +1,9 @@
 """The engine core's own process: build the core, then answer commands until told to stop.
 
-Started by ``engine.engine_core.client.ProcessClient`` (multiprocessing's spawn: a fresh
-interpreter, so torch is imported here and never in the serving process). While the
-model loads, each log line of the ``engine`` loggers goes to the client as ``Progress``
+Started by ``engine.engine_core.client.ProcessClient`` as ``python -m
+engine.engine_core.process FD`` (a fresh interpreter, so torch is imported here and never
+in the serving process; FD is its end of a socket pair, whose first message is the
+``EngineConfig``). While the model loads, each log line of the ``engine`` loggers goes to the client as ``Progress``
 (``/healthz`` shows it); then ``Ready`` with the core's info, or ``LoadFailed``. After
 that the loop is one command in, one ``Answer`` out, in order: the client waits for
 each answer, so the core never runs ahead of the engine and both processes see the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -106,3 +108,18 @@ def _execute(core: Any, command: Any) -> Any:
 
 def _raw(value: Any) -> msgspec.Raw:
     return msgspec.Raw(m.encode(value))
+
+
+def main(fd: int) -> None:
+    from engine.config import EngineConfig
+
+    conn = Connection(fd)
+    try:
+        config = msgspec.msgpack.decode(conn.recv_bytes(), type=EngineConfig)
+        run_core_process(config, conn)
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the engine's process is gone
+        pass
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -190,7 +190,7 @@ class EngineWorker(threading.Thread):
             idle = not self._busy() and not self._want_snapshot
             letters = self.mailbox.take(idle, MAX_LETTERS_PER_ITERATION, IDLE_CHECK_S)
             if idle and not letters and not self.engine.core.alive():
-                raise CoreDied(self.engine.core.process.exitcode)
+                raise CoreDied(self.engine.core.exitcode)
             for letter in letters:
                 if isinstance(letter.command, Shutdown):
                     self._shutdown()
