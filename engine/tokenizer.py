@@ -72,7 +72,7 @@ def tokenize_prompt(tokenizer: Any, vocab_size: int, prompt: str | list[int] | N
     """(text, token ids) of a chat (rendered with the template, then encoded without
     special tokens: the template wrote them), a text, or a list of token ids (checked
     against the vocabulary; text None). The one tokenizing rule: the engine's and every
-    front door's (``engine.server.prompt_prep``)."""
+    front door's (``engine.server.worker.prompt_prep``)."""
     if messages is not None:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return text, tokenizer.encode(text, add_special_tokens=False)

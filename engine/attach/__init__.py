@@ -13,7 +13,7 @@ the dashboard and ``kvscope replay`` work on it as on a kvscope engine.
 - ``prom_scrape``: Prometheus text → usage, hit rate, queue, TTFT, preemptions (pure).
 - ``scraper``: one pod's ``/metrics``, every second, on a thread.
 - ``worker``: the thread that turns items into steps: fold, record, publish.
-- ``server``: the front door (``engine.server.front_door``) around the worker.
+- ``server``: the front door (``engine.server.port.front_door``) around the worker.
 - ``attach_metrics``: its ``/metrics``: what arrived per pod, holes, cached blocks.
 - ``prefix_match``: the longest cached prefix of a prompt on a pod, by hash or tokens.
 - ``tokenizer_file``: ``--tokenizer`` PATH or model dir → its ``tokenizer.json``.

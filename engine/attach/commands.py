@@ -91,7 +91,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
 def cmd_attach(args: argparse.Namespace) -> int:
     from engine.attach.server import AttachServer
     from engine.core.errors import ConfigError
-    from engine.server.security import BindRefused
+    from engine.server.port.security import BindRefused
 
     if not args.verbose:
         logging.getLogger("websockets").setLevel(logging.WARNING)

@@ -1,6 +1,6 @@
 """AttachServer: ``kvscope attach`` as a server the dashboard connects to like an engine.
 
-The same front door as ``kvscope serve`` (``engine.server.front_door``: the websocket hub,
+The same front door as ``kvscope serve`` (``engine.server.port.front_door``: the websocket hub,
 ``steps_since`` from the step history and the recording, ``/healthz``,
 ``/metrics``), with an ``AttachWorker`` in the engine thread's place, one
 ``PodSubscription`` per pod and one ``Scraper`` per pod given ``metrics``.
@@ -28,11 +28,11 @@ from engine.attach.stream_items import StreamItem
 from engine.attach.subscription import PodSubscription
 from engine.attach.worker import AttachWorker
 from engine.core.errors import ConfigError
-from engine.server.front_door import FrontDoor, Post
-from engine.server.health import HealthBoard
-from engine.server.hub import HubLimits
-from engine.server.mailbox import Shutdown
-from engine.server.security import check_allowed_hosts, check_bind
+from engine.server.port.front_door import FrontDoor, Post
+from engine.server.worker.health import HealthBoard
+from engine.server.websocket.hub import HubLimits
+from engine.server.worker.mailbox import Shutdown
+from engine.server.port.security import check_allowed_hosts, check_bind
 
 DEFAULT_PORT = 8766  # next to kvscope serve's 8765: both run on one laptop in the walk-through
 MAX_QUEUED_ITEMS = 100_000  # stream items between the subscriptions and the worker
@@ -48,7 +48,7 @@ class AttachOptions:
     label: str | None = None
     allow_remote: bool = False
     token: str | None = None
-    allowed_hosts: tuple[str, ...] = ()  # --allowed-host (engine.server.security.HostPolicy)
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-host (engine.server.port.security.HostPolicy)
     tokenizer_file: str | None = None
     scrape_interval_s: float = 1.0
     step_buffer: int = 256

@@ -42,8 +42,8 @@ from engine.events.schema.types import PROTOCOL_VERSION, Event, KVGap, KVSegment
 from engine.protocol.errors import ErrorCode
 from engine.protocol.messages import Error, Hello, Snapshot
 from engine.protocol.ops import TakeSnapshot
-from engine.server.health import Health, HealthBoard, Status
-from engine.server.mailbox import Attach, Delivery, Detach, Letter, Mailbox, NewRun, Reply, Shutdown, StepOut
+from engine.server.worker.health import Health, HealthBoard, Status
+from engine.server.worker.mailbox import Attach, Delivery, Detach, Letter, Mailbox, NewRun, Reply, Shutdown, StepOut
 from engine.store.db import new_run_id
 
 log = logging.getLogger("kvscope.attach")

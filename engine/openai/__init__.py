@@ -1,11 +1,11 @@
 """The OpenAI-compatible HTTP API on the serve port (``/v1/...``), through the same engine.
 
 Every API request is submitted to the engine thread as the same protocol ``Submit``
-op as a websocket ``submit``, by a Sink of its own (``engine.server.sink``): same
+op as a websocket ``submit``, by a Sink of its own (``engine.server.worker.sink``): same
 events, same recording, with source ``openai``; only the shape of what comes back
 differs. Pure Python, no I/O: the formats only. The front door that serves them (the
-Starlette routes and the API call's Sink) is ``engine.server.api_routes`` and
-``engine.server.api_desk``, so the server imports this package and not the reverse.
+Starlette routes and the API call's Sink) is ``engine.server.api.api_routes`` and
+``engine.server.api.api_desk``, so the server imports this package and not the reverse.
 
 Modules:
 - ``errors``: ``ApiError`` and OpenAI's error body; the engine's error codes → HTTP status.

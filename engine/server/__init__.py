@@ -1,36 +1,32 @@
 """The server that owns one live engine: the websocket and OpenAI front doors, /healthz, /metrics.
 
 Kept free of imports on purpose: ``engine.server.commands`` is imported for every
-CLI command, and the server side (``app``, ``engine_loop``) pulls in torch and the
+CLI command, and the server side (``app``, ``worker.engine_loop``) pulls in torch and the
 model only when a server starts. The wire format is ``engine.protocol``; the
 clients are ``engine.client``.
 
-Modules:
-- ``sink``: ``Sink``, where the engine thread's answers for one front-door client go.
-- ``mailbox``: letters (sink + op or lifecycle command) into the engine thread,
-  deliveries out.
-- ``engine_loop``: the engine thread (the only code that touches the LLMEngine).
-- ``engine_restart``: rebuilding the engine for ``restart``, within the operator's limits.
-- ``request_book``: which sink owns each live request; in-flight and ``n`` limits.
-- ``output_messages``: a RequestOutput as ``output``/``finished`` messages.
-- ``hub``: the websocket front door on the event-loop thread: frames → ops →
-  mailbox; deliveries → sinks and subscribers.
-- ``ws_connection``: ``ClientConn``, one websocket client as a Sink.
-- ``outbox``: a client's outgoing queue (bounded step messages, replies first).
-- ``step_history``: recent steps of the live run, and the answer to ``steps_since``.
-- ``http``: ``/healthz``, ``/metrics``, the websocket door and the token/Origin/loading gate
-  (Starlette routes).
-- ``api_routes``: the OpenAI API's routes (``/v1/...``, ``/reset_prefix_cache``), in the
-  formats of ``engine.openai``.
-- ``api_desk``: ``ApiDesk`` and ``Exchange``, one OpenAI API call as a Sink.
-- ``ws_adapter``: the websocket route's connection as the Hub uses it (uvicorn's
-  websockets-sansio protocol, with the transport reached).
-- ``health``: loading → ready → stopping, as ``/healthz`` reports it.
-- ``prom``: the Prometheus registry (vLLM's names and labels); ``metrics``: its families.
-- ``security``: bind policy and token checks.
-- ``front_door``: ``FrontDoor``, the one port (Starlette on uvicorn) around a worker,
-  shared with ``kvscope attach``: bind, record, run, shut down.
-- ``hub_metrics``: what the port needs of a ``/metrics`` registry.
+One port, two front doors, one mailbox (docs/architecture.md, "Front doors"):
+- ``port``: the one listening port every kvscope server runs (``FrontDoor``: Starlette
+  on uvicorn), its own routes (``/healthz``, ``/metrics``, the websocket door; ``http``),
+  who may reach it (``security``: bind, Host, Origin, token), the websocket connection
+  adapter (``ws_adapter``) and the worker's batches into the event loop (``handoff``).
+  Shared with ``kvscope attach``.
+- ``websocket``: the websocket front door on the event-loop thread: the ``Hub``
+  (frames → ops → mailbox; deliveries → sinks and subscribers), one client as a
+  ``ClientConn`` and its ``Outbox``, its inbound ops in order (``inbound``), its
+  in-flight count (``in_flight``) and frame rate (``frame_rate``), and recent steps
+  (``step_history``).
+- ``api``: the OpenAI HTTP front door: the routes (``api_routes``), one call as an
+  ``Exchange`` sink (``api_desk``), and requests in flight per client address
+  (``client_quota``).
+- ``worker``: the engine side: the engine thread (``engine_loop``, the only code that
+  touches the LLMEngine), its ``Mailbox`` and the ``Sink`` every front door answers
+  through, the ``RequestBook`` (which sink owns each live request), the prompt checks
+  run before it (``prompt_prep``), a RequestOutput as messages (``output_messages``) and
+  the health ``/healthz`` reports (``health``).
+- ``metrics``: everything behind ``/metrics``: what the port needs of a registry
+  (``hub_metrics``), serve's registry (``prom``: vLLM's names and labels) and its
+  families.
 - ``app``: ``KVScopeServer`` and ``ServerOptions``: the engine thread and the OpenAI
   routes on a ``FrontDoor``.
 - ``commands``: ``kvscope serve``.

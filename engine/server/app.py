@@ -1,4 +1,4 @@
-"""KVScopeServer: one engine behind one port (``engine.server.front_door``).
+"""KVScopeServer: one engine behind one port (``engine.server.port.front_door``).
 
 The engine runs in an ``EngineWorker``, a thread of this process; its core (scheduler
 and model) runs in this process or, as ``kvscope serve`` runs it
@@ -7,7 +7,7 @@ traffic holds its GIL and this process never imports torch (``engine.engine_core
 
 The port answers the websocket protocol v2 (the dashboard, ``kvscope submit``),
 ``/healthz``, ``/metrics`` and the OpenAI API (``/v1/models``, ``/v1/completions``,
-``/v1/chat/completions``, ``/reset_prefix_cache``; ``api_routes``). Both doors are
+``/v1/chat/completions``, ``/reset_prefix_cache``; ``api.api_routes``). Both doors are
 sinks of the engine thread's mailbox (a websocket connection, an API call): they
 send protocol ops, and ``Hub.deliver`` hands each answer to its sink, whichever door.
 
@@ -35,18 +35,18 @@ from starlette.routing import BaseRoute
 
 from engine.config import EngineConfig
 from engine.openai.request import ParseLimits
-from engine.server.api_desk import ApiDesk
-from engine.server.api_routes import ApiContext, api_routes
-from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT, ClientQuota
-from engine.server.engine_loop import EngineFactory, EngineWorker
-from engine.server.front_door import FrontDoor, Post
-from engine.server.health import Health, HealthBoard, Status
-from engine.server.frame_rate import BYTE_BURST, BYTES_PER_S, FRAME_BURST, FRAMES_PER_S, RateLimit
-from engine.server.hub import HubLimits
-from engine.server.mailbox import Shutdown
-from engine.server.prom import ServerMetrics
-from engine.server.request_book import MAX_N
-from engine.server.security import BindRefused, check_allowed_hosts, check_bind
+from engine.server.api.api_desk import ApiDesk
+from engine.server.api.api_routes import ApiContext, api_routes
+from engine.server.api.client_quota import DEFAULT_MAX_API_IN_FLIGHT, ClientQuota
+from engine.server.worker.engine_loop import EngineFactory, EngineWorker
+from engine.server.port.front_door import FrontDoor, Post
+from engine.server.worker.health import Health, HealthBoard, Status
+from engine.server.websocket.frame_rate import BYTE_BURST, BYTES_PER_S, FRAME_BURST, FRAMES_PER_S, RateLimit
+from engine.server.websocket.hub import HubLimits
+from engine.server.worker.mailbox import Shutdown
+from engine.server.metrics.prom import ServerMetrics
+from engine.server.worker.request_book import MAX_N
+from engine.server.port.security import BindRefused, check_allowed_hosts, check_bind
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ class ServerOptions:
     step_buffer: int = 256
     step_history: int = 1024  # steps kept for steps_since; older ones are read from the recording
     max_outbox_bytes: int = 64 << 20  # unsent bytes per connection before it is closed (slow_client)
-    # inbound rate per websocket connection (engine.server.frame_rate); 0: no bound
+    # inbound rate per websocket connection (engine.server.websocket.frame_rate); 0: no bound
     max_frames_per_s: float = FRAMES_PER_S
     max_inbound_bytes_per_s: float = BYTES_PER_S
     client_restart: bool = True  # False: ``restart`` is refused (restart_disabled)

@@ -14,9 +14,9 @@ import textwrap
 
 from engine import envs
 from engine.engine_args import add_engine_args, engine_kwargs
-from engine.server.client_quota import DEFAULT_MAX_API_IN_FLIGHT
-from engine.server.frame_rate import BYTES_PER_S, FRAME_BURST, FRAMES_PER_S
-from engine.server.security import TOKEN_ENV
+from engine.server.api.client_quota import DEFAULT_MAX_API_IN_FLIGHT
+from engine.server.websocket.frame_rate import BYTES_PER_S, FRAME_BURST, FRAMES_PER_S
+from engine.server.port.security import TOKEN_ENV
 
 # Where serve's engine defaults differ from the library's (EngineConfig), and why; the one
 # list, printed at every start (``serve_differences``). A server is shared: no client
@@ -117,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.core import KVScopeError
     from engine.kv_events.config import KVEventsConfig
     from engine.server.app import KVScopeServer, ServerOptions
-    from engine.server.security import BindRefused
+    from engine.server.port.security import BindRefused
 
     if not args.verbose:  # websockets logs every connection and HTTP response at INFO
         for name in ("websockets", "uvicorn", "uvicorn.error"):

@@ -104,7 +104,7 @@ def test_network_binds_are_the_endpoints_other_machines_reach(config, exposed):
 
 def test_a_server_binds_kv_events_beyond_loopback_only_with_allow_remote():
     from engine.server.app import ServerOptions
-    from engine.server.security import BindRefused
+    from engine.server.port.security import BindRefused
 
     cfg = EngineConfig(model="x", kv_events_config=KVEventsConfig(enable_kv_cache_events=True))
     with pytest.raises(BindRefused, match=r"refusing to bind KV events on tcp://\*:5557.*--allow-remote"):

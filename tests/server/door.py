@@ -12,10 +12,10 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.outputs import RequestOutput
-from engine.server.engine_loop import EngineWorker
-from engine.server.health import HealthBoard, Status
-from engine.server.mailbox import Delivery, Mailbox, Reply, Shutdown
-from engine.server.sink import Sink, Source
+from engine.server.worker.engine_loop import EngineWorker
+from engine.server.worker.health import HealthBoard, Status
+from engine.server.worker.mailbox import Delivery, Mailbox, Reply, Shutdown
+from engine.server.worker.sink import Sink, Source
 from tests.server.conftest import ENGINE
 
 

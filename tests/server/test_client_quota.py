@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from engine.openai.errors import ApiError
-from engine.server.client_quota import ClientQuota
+from engine.server.api.client_quota import ClientQuota
 from engine.llm_engine import build_engine
 from tests.server.helpers import healthz
 

@@ -114,7 +114,7 @@ def test_stopping_while_the_core_loads_ends_its_process(make_server):
 
 def test_a_request_that_cannot_cross_fails_alone(make_server):
     from engine.protocol.ops import Submit
-    from engine.server.mailbox import Prepared
+    from engine.server.worker.mailbox import Prepared
     from tests.server.door import ListSink
 
     server = make_server()

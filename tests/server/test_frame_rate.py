@@ -1,4 +1,4 @@
-"""Each websocket connection's inbound rate (engine.server.frame_rate): a client sending
+"""Each websocket connection's inbound rate (engine.server.websocket.frame_rate): a client sending
 faster than its frames or bytes per second is read no faster, nothing of it is refused,
 the pause is counted in /metrics, and other connections are read meanwhile."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.server.app import ServerOptions
-from engine.server.frame_rate import FrameRate, RateLimit
+from engine.server.websocket.frame_rate import FrameRate, RateLimit
 from tests.server.helpers import healthz, metric, raw
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from engine.core.sampling_params import SamplingParams
 from engine.protocol import Abort, Accepted, Error, Ok, Ping, ResetPrefixCache, Submit
-from engine.server.mailbox import Detach, NewRun, StepOut
-from engine.server.sink import Sink
+from engine.server.worker.mailbox import Detach, NewRun, StepOut
+from engine.server.worker.sink import Sink
 from tests.server.door import ListSink, door, make_door  # noqa: F401 (fixtures)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

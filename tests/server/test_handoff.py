@@ -3,7 +3,7 @@
 import asyncio
 import threading
 
-from engine.server.handoff import LoopHandoff
+from engine.server.port.handoff import LoopHandoff
 
 
 def test_batches_posted_before_the_loop_runs_share_one_wakeup_and_keep_their_order():

@@ -12,7 +12,7 @@ import pytest
 from engine.cli import build_parser
 from engine.client import KVScopeClient, LiveConnection
 from engine.server.app import ServerOptions
-from engine.server.security import HostPolicy, host_name
+from engine.server.port.security import HostPolicy, host_name
 from tests.attach.fake_publisher import FakePublisher
 from tests.attach.helpers import source, start_attach
 from tests.server.helpers import GREEDY

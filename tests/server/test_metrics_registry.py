@@ -8,7 +8,7 @@ from engine.events.metrics.request_stats import FinishedRequestStats, FirstToken
 from engine.events.schema import types as event_types
 from engine.events.schema.step import StepRecord
 from engine.server.metrics import buckets
-from engine.server.prom import ServerMetrics
+from engine.server.metrics.prom import ServerMetrics
 from tests.server.prom_samples import Samples
 
 M = "served-tiny"

@@ -104,7 +104,7 @@ def test_prep_bounds_follow_the_tokenizer_and_the_template(tiny_llama):
 
     from engine.protocol import Submit
     from engine.protocol.errors import ProtocolError
-    from engine.server.prompt_prep import PromptPrep, longest_token_bytes
+    from engine.server.worker.prompt_prep import PromptPrep, longest_token_bytes
     from engine.tokenizer import Tokenizer
 
     tok = Tokenizer(tiny_llama)  # the serving process's (no transformers model side, no torch)

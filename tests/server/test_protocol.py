@@ -17,12 +17,12 @@ from engine.protocol import (
 )
 from engine.protocol.messages import MESSAGES
 from engine.protocol.ops import OPS
-from engine.server.hub import Hub, HubLimits
-from engine.server.mailbox import Detach, Letter, Mailbox
-from engine.server.outbox import Outbox
-from engine.server.prom import ServerMetrics
-from engine.server.security import BindRefused, check_bind, token_ok
-from engine.server.ws_connection import ClientConn
+from engine.server.websocket.hub import Hub, HubLimits
+from engine.server.worker.mailbox import Detach, Letter, Mailbox
+from engine.server.websocket.outbox import Outbox
+from engine.server.metrics.prom import ServerMetrics
+from engine.server.port.security import BindRefused, check_bind, token_ok
+from engine.server.websocket.ws_connection import ClientConn
 
 
 def test_ops_parse_with_type_or_op():

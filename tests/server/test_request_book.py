@@ -8,7 +8,7 @@ P = SamplingParams()
 
 
 def test_used_ids_are_remembered_up_to_the_bound_and_live_ones_always():
-    from engine.server.request_book import RequestBook
+    from engine.server.worker.request_book import RequestBook
 
     book, sink = RequestBook(max_in_flight_per_sink=10, remember=3), ListSink(1)
     book.add("live", sink, {})  # stays live throughout

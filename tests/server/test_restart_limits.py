@@ -9,7 +9,7 @@ of 10**9 were accepted, and nothing could turn restarts off."""
 from __future__ import annotations
 
 from engine.protocol import Error, Ok, Restart
-from engine.server.mailbox import NewRun
+from engine.server.worker.mailbox import NewRun
 from tests.server.door import make_door  # noqa: F401 (fixture)
 
 

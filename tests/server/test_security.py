@@ -8,7 +8,7 @@ from engine.config import EngineConfig
 from engine.server.app import ServerOptions
 from engine.client import KVScopeClient, ServerError
 from engine.client.connect import ws_connect
-from engine.server.security import BindRefused
+from engine.server.port.security import BindRefused
 from tests.server.helpers import GREEDY, http_get
 
 TOKEN = "a-long-enough-test-token-0123456789"

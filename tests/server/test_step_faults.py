@@ -14,7 +14,7 @@ from __future__ import annotations
 from engine.core.sampling_params import SamplingParams
 from engine.events.folds.reducer import PoolState
 from engine.protocol import Accepted, Error, Snapshot, Submit, TakeSnapshot
-from engine.server.mailbox import NewRun, StepOut
+from engine.server.worker.mailbox import NewRun, StepOut
 from tests.server.door import door, make_door  # noqa: F401 (fixtures)
 
 LONG = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)

@@ -10,7 +10,7 @@ import pytest
 from engine.client import KVScopeClient, ServerError
 from engine.events.schema.step import StepRecord
 from engine.protocol import StepsSince
-from engine.server.step_history import MAX_STEPS_PER_REPLY, StepHistory
+from engine.server.websocket.step_history import MAX_STEPS_PER_REPLY, StepHistory
 from tests.server.helpers import GREEDY, raw, recv_until, send
 
 LONG = {"temperature": 0.0, "max_tokens": 60, "ignore_eos": True}
@@ -101,11 +101,11 @@ def test_history_bounds_each_reply_and_follows_the_live_run():
 def test_one_steps_since_at_a_time_per_connection():
     # Each may read the database: a second one while the first is answered is refused.
     from engine.protocol import decode_message
-    from engine.server.hub import Hub, HubLimits
-    from engine.server.mailbox import Mailbox
-    from engine.server.outbox import Outbox
-    from engine.server.prom import ServerMetrics
-    from engine.server.ws_connection import ClientConn
+    from engine.server.websocket.hub import Hub, HubLimits
+    from engine.server.worker.mailbox import Mailbox
+    from engine.server.websocket.outbox import Outbox
+    from engine.server.metrics.prom import ServerMetrics
+    from engine.server.websocket.ws_connection import ClientConn
 
     hub = Hub(Mailbox(8), ServerMetrics("tiny"), HubLimits())
     conn = ClientConn(1, None, Outbox(8, 1 << 20), hub.metrics)

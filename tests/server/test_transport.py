@@ -8,8 +8,8 @@ import socket
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from engine.server.hub import HubLimits
-from engine.server.ws_adapter import AsgiWebSocket
+from engine.server.websocket.hub import HubLimits
+from engine.server.port.ws_adapter import AsgiWebSocket
 from tests.server.helpers import healthz, http_get, raw, recv_until
 
 
@@ -60,7 +60,7 @@ class _Transport:
 
 
 def test_close_drops_a_peer_that_does_not_take_the_close_frame(monkeypatch):
-    import engine.server.ws_adapter as wa
+    import engine.server.port.ws_adapter as wa
 
     monkeypatch.setattr(wa, "CLOSE_TIMEOUT_S", 0.05)
     ws = AsgiWebSocket(_StuckWebSocket())

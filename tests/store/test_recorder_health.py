@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from engine.server.health import Health, HealthBoard, Status
-from engine.server.prom import ServerMetrics
+from engine.server.worker.health import Health, HealthBoard, Status
+from engine.server.metrics.prom import ServerMetrics
 from engine.store import Recorder, RecorderHealth, recorder_problem
 from engine.store.recorder_health import BEHIND_STEPS
 from tests.store.helpers import CONFIG, FaultyDb, padded, records, wait_until

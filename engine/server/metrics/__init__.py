@@ -1,5 +1,8 @@
-"""The Prometheus families behind ``GET /metrics`` (the registry is ``engine.server.prom``).
+"""Everything behind ``GET /metrics``: the registry's interface, serve's registry, its families.
 
+- ``hub_metrics``: ``HubMetrics``, what the port and the hub ask of a registry
+  (``kvscope attach`` has its own, ``engine.attach.attach_metrics``).
+- ``prom``: ``ServerMetrics``, serve's registry (vLLM's names and labels, fed from steps).
 - ``buckets``: vLLM's histogram buckets.
 - ``series``: the ``model_name``/``engine`` labels every series carries.
 - ``vllm_families``: vLLM's single-engine set, with vLLM's names, types, help and buckets.

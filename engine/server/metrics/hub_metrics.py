@@ -1,6 +1,6 @@
 """HubMetrics: what the front door asks of the registry behind ``/metrics``.
 
-``ServerMetrics`` (``engine.server.prom``: vLLM's names, fed from engine steps) is
+``ServerMetrics`` (``engine.server.metrics.prom``: vLLM's names, fed from engine steps) is
 the one ``kvscope serve`` uses; ``kvscope attach`` has its own
 (``engine.attach.attach_metrics``), because an attached run's steps are a foreign
 engine's cache events, not an engine's work, and must not read as vLLM figures.

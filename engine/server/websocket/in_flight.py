@@ -21,7 +21,7 @@ from __future__ import annotations
 from engine.outputs import RequestOutput
 from engine.protocol.messages import Accepted, Error
 from engine.protocol.ops import Submit
-from engine.server.sink import SinkItem
+from engine.server.worker.sink import SinkItem
 
 
 class InFlight:

@@ -50,14 +50,14 @@ from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Hello, Ok, Snapshot
 from engine.protocol.ops import Abort, AbortAll, ResetPrefixCache, Restart, Submit, TakeSnapshot
-from engine.server.health import Health, HealthBoard, ProgressCapture, Status
-from engine.server.mailbox import (
+from engine.server.worker.health import Health, HealthBoard, ProgressCapture, Status
+from engine.server.worker.mailbox import (
     Attach, Delivery, Detach, Letter, Mailbox, NewRun, Prepared, Reply, Shutdown, StepOut,
 )
-from engine.server.output_messages import finished_fields
-from engine.server.prompt_prep import PromptPrep
-from engine.server.request_book import MAX_N, RequestBook
-from engine.server.sink import Sink, SinkItem
+from engine.server.worker.output_messages import finished_fields
+from engine.server.worker.prompt_prep import PromptPrep
+from engine.server.worker.request_book import MAX_N, RequestBook
+from engine.server.worker.sink import Sink, SinkItem
 from engine.store.db import new_run_id
 
 log = logging.getLogger("kvscope.server")

@@ -15,9 +15,9 @@
 - Anything else: 404 JSON. The API's paths (``/v1...``, ``/reset_prefix_cache``)
   answer 404/405/403 in OpenAI's error shape, the others in ``{"error", "detail"}``.
 - Before any route (``HostCheck``): a Host header the ``HostPolicy`` refuses gets 403,
-  the websocket handshake included (DNS rebinding; see ``engine.server.security``).
+  the websocket handshake included (DNS rebinding; see ``engine.server.port.security``).
 
-The OpenAI routes (``engine.server.api_routes``) share ``Gate`` for the token and Origin.
+The OpenAI routes (``engine.server.api.api_routes``) share ``Gate`` for the token and Origin.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from engine.openai.errors import ApiError
-from engine.server.health import HealthBoard, Status
-from engine.server.hub import Hub
-from engine.server.hub_metrics import HubMetrics
-from engine.server.prom import CONTENT_TYPE
-from engine.server.security import ALLOWED_ORIGINS, HostPolicy, token_ok
-from engine.server.ws_adapter import AsgiWebSocket
+from engine.server.worker.health import HealthBoard, Status
+from engine.server.websocket.hub import Hub
+from engine.server.metrics.hub_metrics import HubMetrics
+from engine.server.metrics.prom import CONTENT_TYPE
+from engine.server.port.security import ALLOWED_ORIGINS, HostPolicy, token_ok
+from engine.server.port.ws_adapter import AsgiWebSocket
 
 WS_PATHS = ("/", "/ws")
 UNAUTHORIZED = {"error": "unauthorized", "detail": "present the server token as ?token= or "

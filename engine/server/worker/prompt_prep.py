@@ -35,7 +35,7 @@ from typing import Any
 from engine.core.errors import KVScopeError
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.ops import Submit
-from engine.server.mailbox import Prepared
+from engine.server.worker.mailbox import Prepared
 from engine.tokenizer import tokenize_prompt
 
 CHAT_ROLES = ("system", "user", "assistant")

@@ -1,6 +1,6 @@
 """ApiDesk and Exchange: HTTP API calls as sinks of the engine thread's mailbox (loop thread).
 
-An API call is an ``Exchange``: a ``Sink`` (``engine.server.sink``) with its own id
+An API call is an ``Exchange``: a ``Sink`` (``engine.server.worker.sink``) with its own id
 from the mailbox and source ``openai``, which the engine thread records with each of
 its requests. It sends its engine requests as protocol ``Submit`` ops through the
 same bounded mailbox as websocket ops, each first prepared (checked and tokenized by
@@ -40,9 +40,9 @@ from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Message
 from engine.protocol.ops import Op, Submit
-from engine.server.mailbox import Detach, Mailbox, Prepared
-from engine.server.prompt_prep import PromptPrep
-from engine.server.sink import Sink, SinkItem, Source
+from engine.server.worker.mailbox import Detach, Mailbox, Prepared
+from engine.server.worker.prompt_prep import PromptPrep
+from engine.server.worker.sink import Sink, SinkItem, Source
 
 LIVENESS_POLL_S = 1.0  # how often a waiting handler checks that the engine thread still runs
 

@@ -31,15 +31,15 @@ from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.events.redact import redact_snapshot, redact_step
 from engine.protocol.messages import Error, Pong, Snapshot, Step, Steps
 from engine.protocol.ops import Ping, StepsSince
-from engine.server.frame_rate import FrameRate, RateLimit
-from engine.server.inbound import Inbound, refusal
-from engine.server.mailbox import Attach, Delivery, Detach, Mailbox, NewRun, Reply, StepOut
-from engine.server.outbox import Outbox
-from engine.server.hub_metrics import HubMetrics
-from engine.server.prompt_prep import PromptPrep
-from engine.server.step_history import StepHistory
-from engine.server.ws_adapter import AsgiWebSocket
-from engine.server.ws_connection import ClientConn, SharedFrames
+from engine.server.websocket.frame_rate import FrameRate, RateLimit
+from engine.server.websocket.inbound import Inbound, refusal
+from engine.server.worker.mailbox import Attach, Delivery, Detach, Mailbox, NewRun, Reply, StepOut
+from engine.server.websocket.outbox import Outbox
+from engine.server.metrics.hub_metrics import HubMetrics
+from engine.server.worker.prompt_prep import PromptPrep
+from engine.server.websocket.step_history import StepHistory
+from engine.server.port.ws_adapter import AsgiWebSocket
+from engine.server.websocket.ws_connection import ClientConn, SharedFrames
 
 log = logging.getLogger("kvscope.server")
 
@@ -59,7 +59,7 @@ class HubLimits:
     # before the outbox bound (the part we control and count) kicks in.
     socket_send_buffer: int = 256 << 10
     max_in_flight: int = 64  # submits per connection being prepared, checked or run
-    rate: RateLimit = RateLimit()  # inbound frames and bytes per connection (engine.server.frame_rate)
+    rate: RateLimit = RateLimit()  # inbound frames and bytes per connection (engine.server.websocket.frame_rate)
 
 
 class Hub:

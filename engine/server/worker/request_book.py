@@ -25,7 +25,7 @@ from typing import Any
 from engine.core.sampling_params import SamplingParams
 from engine.protocol.errors import ErrorCode
 from engine.protocol.messages import Error
-from engine.server.sink import Sink
+from engine.server.worker.sink import Sink
 
 MAX_N = 64  # samples per request: each is a sequence; 10^6 of them would sink the host
 REMEMBER_IDS = 1 << 16  # finished ids refused for reuse, per run (the newest ones)

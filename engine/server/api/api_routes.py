@@ -34,10 +34,10 @@ from engine.openai.request import ApiRequest, Endpoint, ParseLimits, check_model
 from engine.openai.token_strings import TokenStrings
 from engine.protocol.messages import Error, Ok
 from engine.protocol.ops import ResetPrefixCache
-from engine.server.api_desk import ApiDesk, Exchange, raise_refusal
-from engine.server.client_quota import ClientQuota
-from engine.server.health import HealthBoard, Status
-from engine.server.http import Gate
+from engine.server.api.api_desk import ApiDesk, Exchange, raise_refusal
+from engine.server.api.client_quota import ClientQuota
+from engine.server.worker.health import HealthBoard, Status
+from engine.server.port.http import Gate
 
 REQUEST_ID_HEADER = "x-kvscope-request-id"
 RUN_ID_HEADER = "x-kvscope-run-id"

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engine.events.metrics.block_residency import BlockResidency
 from engine.events.schema.step import StepRecord
-from engine.server.health import StepFaults
+from engine.server.worker.health import StepFaults
 from engine.server.metrics.kvscope_families import KVScopeFamilies
 from engine.server.metrics.series import Series
 from engine.server.metrics.vllm_families import VLLMFamilies

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Error
 from engine.protocol.ops import Op, Submit
-from engine.server.mailbox import Mailbox, Prepared
-from engine.server.prompt_prep import PromptPrep
+from engine.server.worker.mailbox import Mailbox, Prepared
+from engine.server.worker.prompt_prep import PromptPrep
 
 if TYPE_CHECKING:
-    from engine.server.ws_connection import ClientConn
+    from engine.server.websocket.ws_connection import ClientConn
 
 log = logging.getLogger("kvscope.server")
 

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Union
 from engine.events.schema.step import StepRecord
 from engine.protocol.messages import Hello, Snapshot
 from engine.protocol.ops import Op, Submit
-from engine.server.sink import Sink, SinkItem
+from engine.server.worker.sink import Sink, SinkItem
 
 if TYPE_CHECKING:  # prompt_prep imports this module
-    from engine.server.prompt_prep import PromptPrep
+    from engine.server.worker.prompt_prep import PromptPrep
 
 # ---- commands (event-loop thread → engine thread) ---------------------------
 
@@ -52,7 +52,7 @@ class Shutdown(Lifecycle):
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A ``Submit`` whose prompt the front door already checked and tokenized
-    (``engine.server.prompt_prep``), so the engine thread only enters it. Bounded
+    (``engine.server.worker.prompt_prep``), so the engine thread only enters it. Bounded
     like the op it carries. ``text``: the prompt text (the rendered chat for
     ``messages``), None for a prompt of token ids."""
 

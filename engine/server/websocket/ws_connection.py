@@ -29,13 +29,13 @@ from engine.outputs import RequestOutput
 from engine.protocol.codec import encode
 from engine.protocol.errors import ErrorCode
 from engine.protocol.messages import Error, Hello, Message, Snapshot
-from engine.server.in_flight import InFlight
-from engine.server.inbound import Inbound
-from engine.server.outbox import Outbox
-from engine.server.output_messages import output_messages
-from engine.server.prom import ServerMetrics
-from engine.server.sink import Sink, SinkItem, Source
-from engine.server.ws_adapter import AsgiWebSocket
+from engine.server.websocket.in_flight import InFlight
+from engine.server.websocket.inbound import Inbound
+from engine.server.websocket.outbox import Outbox
+from engine.server.worker.output_messages import output_messages
+from engine.server.metrics.prom import ServerMetrics
+from engine.server.worker.sink import Sink, SinkItem, Source
+from engine.server.port.ws_adapter import AsgiWebSocket
 
 log = logging.getLogger("kvscope.server")
 

@@ -41,14 +41,14 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
-from engine.server.handoff import LoopHandoff
-from engine.server.health import HealthBoard
-from engine.server.http import Gate, HostCheck, route_error
-from engine.server.hub import Hub, HubLimits
-from engine.server.hub_metrics import HubMetrics
-from engine.server.mailbox import Delivery, Mailbox
-from engine.server.security import HostPolicy
-from engine.server.ws_adapter import TransportWebSocketProtocol
+from engine.server.port.handoff import LoopHandoff
+from engine.server.worker.health import HealthBoard
+from engine.server.port.http import Gate, HostCheck, route_error
+from engine.server.websocket.hub import Hub, HubLimits
+from engine.server.metrics.hub_metrics import HubMetrics
+from engine.server.worker.mailbox import Delivery, Mailbox
+from engine.server.port.security import HostPolicy
+from engine.server.port.ws_adapter import TransportWebSocketProtocol
 
 log = logging.getLogger("kvscope.server")
 
