@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.errors import ConfigError, KVCacheTooSmallError
+from engine.core.errors import ConfigError, EmptyPromptError, KVCacheTooSmallError, PromptTooLongError
 from engine.core.hashing import DEFAULT_HASH_ALGO, HASH_ALGOS
 
 
@@ -33,6 +33,20 @@ N_SHARING_MODES = ("cow", "prefix_cache")
 # a seat (or blocks) from such a client by preempting that one. With one client "fair"
 # is exactly "fcfs".
 SCHEDULING_POLICIES = ("fcfs", "fair")
+
+
+def check_prompt_length(num_tokens: int, max_model_len: int) -> None:
+    """kvscope's one prompt-length rule: at least one token, and room beside it for one
+    generated token. The scheduler holds every request to it, and the websocket front
+    door before tokens reach the engine (``engine.server.worker.prompt_prep``); the
+    OpenAI API words the same limit as vLLM does (``engine.openai.context_length``)."""
+    if num_tokens == 0:
+        raise EmptyPromptError("the prompt is empty; give at least one token")
+    if num_tokens >= max_model_len:
+        raise PromptTooLongError(
+            f"the prompt has {num_tokens} tokens, {num_tokens - max_model_len + 1} more than fit: "
+            f"max_model_len is {max_model_len} and room is needed for at least one generated "
+            f"token; shorten the prompt or raise max_model_len")
 
 
 def check_block_size(block_size) -> None:

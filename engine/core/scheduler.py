@@ -29,9 +29,9 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from engine.core.config import CacheConfig, SchedulerConfig, check_capacity
+from engine.core.config import CacheConfig, SchedulerConfig, check_capacity, check_prompt_length
 from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
-from engine.core.errors import EmptyPromptError, PromptTooLongError, QueueFullError
+from engine.core.errors import QueueFullError
 from engine.core.event_log import EventLog
 from engine.core.fair_share import StepShares, client_counts, fair_first, fair_iter, fair_order
 from engine.core.kv_cache_manager import KVCacheManager
@@ -78,15 +78,8 @@ class Scheduler:
         then changes nothing. Returns the requests entered: ``req`` alone, or with
         ``n_sharing="prefix_cache"`` and ``n > 1`` its n samples as separate requests
         (``engine.core.parallel_sampling``), in arrival order."""
-        n, limit = req.num_prompt_tokens, self.config.max_model_len
-        if n == 0:
-            raise EmptyPromptError("the prompt is empty; give at least one token")
-        if n >= limit:
-            raise PromptTooLongError(
-                f"the prompt has {n} tokens, {n - limit + 1} more than fit: max_model_len is "
-                f"{limit} and room is needed for at least one generated token; shorten the prompt "
-                f"or raise max_model_len"
-            )
+        n = req.num_prompt_tokens
+        check_prompt_length(n, self.config.max_model_len)
         fan = self.config.n_sharing == "prefix_cache" and req.params.n > 1
         ids = [req.request_id] + ([child_request_id(req.request_id, k)
                                    for k in range(1, req.params.n)] if fan else [])

@@ -32,7 +32,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from engine.core.errors import KVScopeError
+from engine.core.config import check_prompt_length
+from engine.core.errors import EmptyPromptError, KVScopeError, PromptTooLongError
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.ops import Submit
 from engine.server.worker.mailbox import Prepared
@@ -70,13 +71,12 @@ class PromptPrep:
     def prepare(self, op: Submit) -> Prepared:
         """Check and tokenize ``op``'s prompt; raises ProtocolError with the request id."""
         prepared = self.tokenized(op)
-        n = len(prepared.token_ids)
-        if n >= self.max_model_len:
-            raise ProtocolError(ErrorCode.PROMPT_TOO_LONG, f"the prompt has {n} tokens, "
-                                f"{n - self.max_model_len + 1} more than fit: max_model_len is "
-                                f"{self.max_model_len} and room is needed for at least one "
-                                f"generated token; shorten the prompt or raise max_model_len",
-                                op.request_id, op.type)
+        try:
+            check_prompt_length(len(prepared.token_ids), self.max_model_len)
+        except PromptTooLongError as exc:
+            raise ProtocolError(ErrorCode.PROMPT_TOO_LONG, str(exc), op.request_id, op.type) from None
+        except EmptyPromptError as exc:
+            raise ProtocolError(ErrorCode.EMPTY_PROMPT, str(exc), op.request_id, op.type) from None
         return prepared
 
     def tokenized(self, op: Submit) -> Prepared:
