@@ -25,22 +25,9 @@ import msgspec
 from engine.cpu_threads import set_default_wait_policy
 from engine.engine_core import messages as m
 from engine.engine_core.memory_hygiene import Trimmer, bound_cpu_shape_caches, freeze_heap
+from engine.engine_core.progress import ProgressCapture
 
 log = logging.getLogger("kvscope.engine_core")
-
-
-class _ProgressLines(logging.Handler):
-    """INFO+ lines of the ``engine`` loggers during the load, sent as ``Progress``."""
-
-    def __init__(self, conn: Connection) -> None:
-        super().__init__(logging.INFO)
-        self.conn = conn
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.conn.send_bytes(m.encode(m.Progress(record.getMessage())))
-        except Exception:  # a progress line is never worth failing a load
-            pass
 
 
 def run_core_process(config: Any, conn: Connection) -> None:
@@ -51,20 +38,14 @@ def run_core_process(config: Any, conn: Connection) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     set_default_wait_policy()  # before torch is imported (engine.cpu_threads)
     bound_cpu_shape_caches()  # before the model's first op (memory_hygiene)
-    engine_log = logging.getLogger("engine")
-    handler = _ProgressLines(conn)
-    engine_log.addHandler(handler)
-    engine_log.setLevel(logging.INFO)
     try:
-        from engine.engine_core.startup import build_engine_core
+        with ProgressCapture(lambda line: conn.send_bytes(m.encode(m.Progress(line)))):
+            from engine.engine_core.startup import build_engine_core
 
-        core = build_engine_core(config)
+            core = build_engine_core(config)
     except BaseException as exc:  # any load failure is reported, never raised into a void
         conn.send_bytes(m.encode(m.LoadFailed(m.failure_of(exc))))
         return
-    finally:
-        engine_log.removeHandler(handler)
-        engine_log.setLevel(logging.NOTSET)
     freeze_heap()  # the loaded heap (torch, the model) is never garbage (memory_hygiene)
     conn.send_bytes(m.encode(m.Ready(core.info)))
     trimmer = Trimmer()

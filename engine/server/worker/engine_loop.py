@@ -42,6 +42,7 @@ from engine.core import (
 )
 from engine.engine_core.client import CoreDied, LoadStopped
 from engine.engine_core.memory_hygiene import Trimmer, freeze_heap
+from engine.engine_core.progress import ProgressCapture
 from engine.engine_core.restart import RestartLimits
 from engine.events.schema.step import StepRecord
 from engine.events.schema.types import PROTOCOL_VERSION
@@ -50,7 +51,7 @@ from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Hello, Ok, Snapshot
 from engine.protocol.ops import Abort, AbortAll, ResetPrefixCache, Restart, Submit, TakeSnapshot
-from engine.server.worker.health import Health, HealthBoard, ProgressCapture, Status
+from engine.server.worker.health import Health, HealthBoard, Status
 from engine.server.worker.mailbox import (
     Attach, Delivery, Detach, Letter, Mailbox, NewRun, Prepared, Reply, Shutdown, StepOut,
 )
@@ -103,7 +104,7 @@ class EngineWorker(threading.Thread):
 
     def run(self) -> None:
         try:
-            with ProgressCapture(self.board):
+            with ProgressCapture(self.board.note):
                 engine = self._start_engine()
         except LoadStopped:
             return

@@ -11,7 +11,6 @@ the recorder's own snapshot at read time (``engine.store.recorder_problem``).
 from __future__ import annotations
 
 import enum
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -110,32 +109,3 @@ class HealthBoard:
         """A progress line while loading (shown as ``detail``)."""
         if self._engine.status is Status.LOADING:
             self._engine = replace(self._engine, detail=line)
-
-
-class ProgressCapture(logging.Handler):
-    """Feeds INFO+ lines of the ``engine`` loggers (model loading, KV sizing) to the
-    board while the model loads, so ``/healthz`` shows what is happening."""
-
-    def __init__(self, board: HealthBoard) -> None:
-        super().__init__(logging.INFO)
-        self.board = board
-        self._logger = logging.getLogger("engine")
-        self._old_level = self._logger.level
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.board.note(record.getMessage())
-        except Exception:  # a progress line is never worth failing a load
-            pass
-
-    def __enter__(self) -> ProgressCapture:
-        self._logger.addHandler(self)
-        # INFO records are only created if the logger lets them through; lower it
-        # for the load only (and restore it), or an unconfigured process shows nothing.
-        if self._logger.getEffectiveLevel() > logging.INFO:
-            self._logger.setLevel(logging.INFO)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._logger.removeHandler(self)
-        self._logger.setLevel(self._old_level)
