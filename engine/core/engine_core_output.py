@@ -20,8 +20,9 @@ class EngineCoreOutput:
     ``new_token`` is None for a prefill chunk that sampled nothing (only what the step
     made crosses: the output processor keeps each sample's tokens). ``finish_reason`` ("length" | "stop") and ``stop_token`` are set
     when the core finished it this step. ``num_cached_tokens`` is the prefix-cache
-    hit of the latest admission; ``num_recomputed_tokens`` the tokens computed again
-    after preemptions so far.
+    hit of the latest admission; ``num_preemptions`` how often the request was
+    preempted so far (vLLM's ``request.num_preemptions``, for
+    ``vllm:request_num_preemptions``).
     """
 
     request_id: str
@@ -32,7 +33,7 @@ class EngineCoreOutput:
     stop_token: int | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
-    num_recomputed_tokens: int = 0
+    num_preemptions: int = 0
 
     @property
     def user_request_id(self) -> str:

@@ -69,8 +69,7 @@ class Request:
     K/V in the cache; ``num_cached_tokens`` came from the prefix cache at the
     latest admission. ``seed`` is the resolved seed of this sample's generator (the
     engine draws one when the user gave none); greedy requests carry it unused.
-    ``num_recomputed_tokens`` counts tokens computed again after preemptions: the
-    tokens a preemption dropped minus what the prefix cache gave back on resume.
+    ``num_preemptions``: how often this sample was preempted (a fork child counts its own).
     """
 
     request_id: str
@@ -88,8 +87,6 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
-    num_lost_tokens: int = 0  # computed tokens the latest preemption dropped
-    num_recomputed_tokens: int = 0
     forked: bool = False
     stop_token: int | None = None
     _output_token_ids: list[int] = field(default_factory=list)
@@ -148,7 +145,6 @@ class Request:
             status=self.status,
             num_computed_tokens=self.num_computed_tokens,
             num_cached_tokens=self.num_cached_tokens,
-            num_recomputed_tokens=self.num_recomputed_tokens,
             forked=True,
             _output_token_ids=list(self._output_token_ids),
         )

@@ -194,8 +194,6 @@ class Scheduler:
                 self.waiting.remove(req)
             if req.status is RequestStatus.WAITING:  # first admission: the runner meets it now
                 self._new.append(NewRequestData(req.request_id, req.params, req.seed))
-            else:  # resumed: what the preemption dropped, less the hit, is computed again
-                req.num_recomputed_tokens += max(0, req.num_lost_tokens - match.num_tokens)
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = req.num_cached_tokens = match.num_tokens
             bisect.insort(self.running, req, key=lambda r: r.sort_key)
@@ -274,7 +272,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
-        req.num_lost_tokens, req.num_computed_tokens = req.num_computed_tokens, 0
+        req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -332,7 +330,7 @@ class Scheduler:
         return EngineCoreOutput(
             r.request_id, r.parent_id, r.sample_index, tok,
             r.status.finish_reason if done else None, r.stop_token if done else None,
-            r.num_prompt_tokens, r.num_cached_tokens, r.num_recomputed_tokens)
+            r.num_prompt_tokens, r.num_cached_tokens, r.num_preemptions)
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params

@@ -95,17 +95,22 @@ class OutputProcessor:
             sample = state.sample(o.sample_index, o.request_id)
             if sample.finish_reason is not None:
                 continue
+            sample.num_preemptions = o.num_preemptions
             touched[state.request_id] = state
             if o.new_token is not None:
                 if sample.last_token_time is None:
                     if m.first_token_time is None:
                         m.first_token_time = now
                         ttft.append(now - m.arrival_time)
-                        first_tokens.append(state.first_token_stats(o.num_recomputed_tokens))
+                        first_tokens.append(state.first_token_stats())
                 else:
                     itl.append(now - sample.last_token_time)
                 sample.last_token_time = m.last_token_time = now
-                stop = sample.append(o.new_token, state.params)
+                # vLLM's detokenizer leaves out the text of the token that stopped the
+                # request (EOS or a stop_token_ids entry) unless include_stop_str_in_output
+                stopped_here = (o.finish_reason == "stop" and o.stop_token == o.new_token.token_id
+                                and not state.params.include_stop_str_in_output)
+                stop = sample.append(o.new_token, state.params, text=not stopped_here)
                 if stop is not None:
                     sample.finish("stop", stop)
                     if o.finish_reason is None:  # still running in the core

@@ -46,11 +46,13 @@ class SampleState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     last_token_time: float | None = None
+    num_preemptions: int = 0  # the core's count for this sample, as of its latest output
     logprobs: list[dict[int, float]] | None = None  # appended once per token, never copied
     cumulative_logprob: float = 0.0
 
-    def append(self, token: SampledToken, params: SamplingParams) -> str | None:
-        """Add one token's text and logprobs; returns the stop string it completed."""
+    def append(self, token: SampledToken, params: SamplingParams, text: bool = True) -> str | None:
+        """Add one token's text and logprobs; returns the stop string it completed.
+        ``text=False``: the token id and logprobs only (a stop token's text is left out)."""
         self.token_ids.append(token.token_id)
         if token.logprob is not None:
             entry = dict(token.top_logprobs or ())
@@ -59,7 +61,7 @@ class SampleState:
                 self.logprobs = []
             self.logprobs.append(entry)
             self.cumulative_logprob += token.logprob
-        piece = self.detokenizer.add(token.token_id)
+        piece = self.detokenizer.add(token.token_id) if text else ""
         if not piece:
             return None
         self.text += piece
@@ -159,10 +161,10 @@ class RequestState:
 
     # ---- per-request stats (vLLM v1 intervals; see engine.events.metrics.request_stats) -------
 
-    def first_token_stats(self, num_recomputed_tokens: int) -> FirstTokenStats:
+    def first_token_stats(self) -> FirstTokenStats:
         m = self.metrics
         return FirstTokenStats(self.request_id, len(self.prompt_token_ids), self.num_cached_tokens,
-                               num_recomputed_tokens, m.first_token_time - m.arrival_time)
+                               m.first_token_time - m.arrival_time)
 
     def finished_stats(self) -> FinishedRequestStats:
         m = self.metrics
@@ -179,6 +181,7 @@ class RequestState:
             n=self.params.n,
             max_tokens=self.params.max_tokens,
             num_cached_tokens=self.num_cached_tokens,
+            num_preemptions=sum(s.num_preemptions for s in self.samples.values()),
             prefill_kv_computed_tokens=len(self.prompt_token_ids) - self.num_cached_tokens,
             e2e_s=m.finished_time - m.arrival_time,
             queued_s=None if scheduled is None else scheduled - m.arrival_time,

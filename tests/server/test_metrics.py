@@ -63,10 +63,12 @@ DASHBOARD_LABEL_VALUES = {
 
 
 def _flat(samples) -> dict:
-    """name{label=value}... -> value, with model_name and engine checked and left out."""
+    """name{label=value}... -> value, with model_name and engine checked and left out
+    (cache_config_info has no model_name, as vLLM's)."""
     out = {}
     for s in samples.all:
-        assert s.labels.pop("model_name") and s.labels.pop("engine") == "0", s
+        assert s.name == "vllm:cache_config_info" or s.labels.pop("model_name"), s
+        assert s.labels.pop("engine") == "0", s
         key = s.name + "".join(f"{{{k}={v}}}" for k, v in sorted(s.labels.items()))
         out[key] = s.value
     return out
@@ -116,7 +118,7 @@ def test_every_name_the_dashboards_query_is_there_with_both_labels(make_server):
     for name, (label, values) in DASHBOARD_LABEL_VALUES.items():
         assert values <= {x.labels[label] for x in s.named(name)}, name
     assert s.get("vllm:kv_cache_usage_perc", model_name=SERVED, engine="0") >= 0
-    assert {x.labels["model_name"] for x in s.all} == {SERVED}
+    assert {x.labels["model_name"] for x in s.all if x.name != "vllm:cache_config_info"} == {SERVED}
 
 
 def test_exact_values_after_a_known_workload(make_server):
@@ -137,7 +139,8 @@ def test_exact_values_after_a_known_workload(make_server):
     assert s.get("vllm:prompt_tokens_by_source_total", source="local_cache_hit") == hits
     assert s.get("vllm:prompt_tokens_by_source_total", source="local_compute") == prompt_tokens - hits
     assert s.get("vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == 0
-    assert s.get("vllm:prompt_tokens_recomputed_total") == 0 and s.get("vllm:num_preemptions_total") == 0
+    assert s.get("vllm:num_preemptions_total") == 0
+    assert s.get("vllm:request_num_preemptions_count") == n and s.get("vllm:request_num_preemptions_sum") == 0
     assert s.get("vllm:generation_tokens_total") == n * gen
     assert s.get("vllm:request_success_total", finished_reason="length") == n
     assert s.get("vllm:request_success_total", finished_reason="stop") == 0
@@ -153,9 +156,11 @@ def test_exact_values_after_a_known_workload(make_server):
                  "request_inference_time_seconds", "request_time_per_output_token_seconds"):
         assert s.get(f"vllm:{name}_count") == n, name
     assert s.get("vllm:inter_token_latency_seconds_count") == n * (gen - 1)
-    # every step's tokens: each uncached prompt token once, then one per decode step
-    assert s.get("vllm:iteration_tokens_total_sum") == prompt_tokens - hits + n * (gen - 1)
-    assert s.get("kvscope_prefill_tokens_total") + s.get("kvscope_decode_tokens_total") == (
+    # vLLM's per-step tokens: every generated token, and each uncached prompt token once (at
+    # its request's first token); the scheduled tokens are the same less the n first tokens
+    assert s.get("vllm:iteration_tokens_total_sum") == prompt_tokens - hits + n * gen
+    assert s.get("vllm:iteration_tokens_total_count") == n * gen  # one at a time: a token a step
+    assert s.get("kvscope_prefill_tokens_total") + s.get("kvscope_decode_tokens_total") + n == (
         s.get("vllm:iteration_tokens_total_sum"))
     assert s.get("vllm:num_requests_running") == 0 and s.get("vllm:num_requests_waiting") == 0
     assert s.get("vllm:kv_cache_usage_perc") == 0  # all freed; cached blocks count as free
@@ -195,6 +200,9 @@ def test_preemptions_and_block_residency_match_the_event_stream(make_server):
     assert lifetimes
     s = scrape(server.port)
     assert s.get("vllm:num_preemptions_total") == preempted
+    # per finished request, as vLLM's: the three and the repeat, their preemptions summed
+    assert s.get("vllm:request_num_preemptions_count") == 4
+    assert s.get("vllm:request_num_preemptions_sum") == preempted
     assert s.get("vllm:kv_block_lifetime_seconds_count") == len(lifetimes)
     assert abs(s.get("vllm:kv_block_lifetime_seconds_sum") - sum(lifetimes)) < 1e-6
     assert s.get("vllm:kv_block_idle_before_evict_seconds_count") == len(lifetimes)

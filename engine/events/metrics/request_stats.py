@@ -29,7 +29,6 @@ class FirstTokenStats:
     request_id: str
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache (first admission)
-    num_recomputed_tokens: int = 0  # prompt tokens computed again after a preemption
     ttft_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -60,6 +59,8 @@ class FinishedRequestStats:
     decode_s: float | None
     inference_s: float | None
     mean_time_per_output_token_s: float | None  # decode_s / (tokens - 1); None below 2 tokens
+    # times preempted, summed over the request's samples (0 in recordings made before it existed)
+    num_preemptions: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

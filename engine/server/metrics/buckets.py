@@ -1,4 +1,4 @@
-"""vLLM's histogram buckets (``vllm/v1/metrics/buckets.py``, vLLM 0.33), so kvscope's
+"""vLLM's histogram buckets (``vllm/v1/metrics/buckets.py``, vLLM 0.32), so kvscope's
 histograms line up bucket for bucket with vLLM's dashboards and alerts."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ INTER_TOKEN_LATENCY = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 
                        7.5, 10.0, 20.0, 40.0, 80.0)
 ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_PARAMS_N = (1, 2, 5, 10, 20)
+REQUEST_NUM_PREEMPTIONS = (1, 2, 3, 4, 5, 10, 20)  # vLLM's: never preempted shares the first bucket
 KV_CACHE_RESIDENCY = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60,
                       120, 300, 600, 1200, 1800)
 

@@ -3,7 +3,8 @@
 vLLM's single-engine set under vLLM's names, types, help texts, labels and buckets
 (``engine.server.metrics.vllm_families``), so vLLM's Grafana dashboards and alerts work
 unchanged; kvscope's own figures as ``kvscope_*`` (``...kvscope_families``). Every series
-carries ``model_name`` (the served model name) and ``engine="0"``.
+carries ``model_name`` (the served model name) and ``engine="0"``, except
+``vllm:cache_config_info``, which has vLLM's labels: its CacheConfig's fields and ``engine``.
 
 The format is always the plain text format 0.0.4, whatever the scraper's ``Accept``
 says: prometheus_client's negotiating handler would answer an OpenMetrics scraper (as

