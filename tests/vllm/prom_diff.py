@@ -100,6 +100,10 @@ class Scrape:
         assert len(found) == 1, f"{name}{labels}: {len(found)} samples"
         return found[0]
 
+    def bounds(self, family: str) -> list[float]:
+        """A histogram's bucket bounds (+Inf included), ascending."""
+        return sorted({float(dict(ls)["le"]) for n, ls in self.samples if n == family + "_bucket"})
+
     def labels_of(self, name: str) -> dict[str, str]:
         """The labels of ``name``'s one sample (an info gauge's), normalised ones left out."""
         (labels,) = [dict(ls) for n, ls in self.samples if n == name]

@@ -92,6 +92,11 @@ def test_same_families_except_the_listed_ones(vllm_scrapes, kvscope_scrapes):
     kf = prom_diff.compared_families(k, prom_diff.KVSCOPE_ONLY)
     diffs = [f"{n}: vLLM {vf.get(n)} kvscope {kf.get(n)}" for n in sorted(set(vf) | set(kf)) if vf.get(n) != kf.get(n)]
     assert not diffs, "\n".join(diffs)
+    # every histogram's buckets, the latency ones included (their counts per bucket are times)
+    histograms = [n for n, f in vf.items() if f.type == "histogram"]
+    assert len(histograms) == 16
+    bucket_diffs = {n: (v.bounds(n), k.bounds(n)) for n in histograms if v.bounds(n) != k.bounds(n)}
+    assert not bucket_diffs, bucket_diffs
     assert "vllm:prompt_tokens_recomputed" not in k.families  # not a vLLM 0.32 metric
 
 
