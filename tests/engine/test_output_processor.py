@@ -126,3 +126,24 @@ def test_timings_and_request_stats(tokenizer):
     assert steps[-1].latencies.e2e_s == (float(n),)
     m = steps[-1].request_outputs[0].metrics
     assert (m.arrival_time, m.first_scheduled_time, m.first_token_time, m.finished_time) == (0.0, 0.5, 1.0, n)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_tokens_text_is_left_out_as_vllm_does(tokenizer, include):
+    """The core stops the request on a stop token (EOS or stop_token_ids): vLLM's
+    detokenizer leaves that token's text out unless include_stop_str_in_output; the
+    token id stays, and the request's preemptions reach its finished stats."""
+    ids = tokenizer.encode("ok, fine!", add_special_tokens=False)
+    stop = ids[-1]
+    params = SamplingParams(max_tokens=20, stop_token_ids=[stop], include_stop_str_in_output=include)
+    proc = OutputProcessor(tokenizer)
+    proc.add_request(proc.new_request("r", None, [5, 6, 7], params, arrival_time=0.0))
+    for i, t in enumerate(ids):
+        last = i == len(ids) - 1
+        o = EngineCoreOutput("r", None, 0, SampledToken(t), "stop" if last else None, stop if last else None,
+                             3, 0, num_preemptions=2 if i >= 2 else 0)
+        p = proc.process_outputs(EngineCoreOutputs(i + 1, 0.5, [o]), now=1.0 + i)
+    out = p.request_outputs[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop and out.token_ids == ids
+    assert out.text == ("ok, fine!" if include else tokenizer.decode(ids[:-1]))
+    assert [f.num_preemptions for f in p.finished_requests] == [2]

