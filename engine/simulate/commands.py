@@ -80,7 +80,19 @@ def build_config(args: argparse.Namespace, trace) -> Any:
         steps = trace.source.startswith("run:") and args.pods == 1 and not overridden
         arrivals = "steps" if steps else "times"
     cost = StepCost.parse(args.step_cost) if args.step_cost else default_cost()
-    return SimConfig(args.pods, args.router, sched, cache, cost, arrivals)
+    return SimConfig(args.pods, args.router, sched, cache, cost, arrivals,
+                     router_args=_router_args(getattr(args, "router_arg", None) or []))
+
+
+def _router_args(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--router-arg {item!r}: use NAME=NUMBER (e.g. overlap_weight=2)") from None
+    return out
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -97,6 +109,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except (TraceError, ValueError, KVScopeError) as exc:
         print(f"kvscope simulate: {exc}", file=sys.stderr)
         return 1
+    if args.sweep:
+        return _sweep(args, trace, cfg)
     recorder = None
     if args.record:
         from engine.store.recorder import Recorder
@@ -109,6 +123,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             recorder.close()
     summary = summarize(result)
     print(json.dumps(summary) if args.json else format_summary(summary))
+    return 0
+
+
+def _sweep(args: argparse.Namespace, trace, cfg) -> int:
+    from engine.simulate.sweep import capacity_figure, format_rows, parse_sweeps, run_sweep
+
+    try:
+        sweeps = parse_sweeps(args.sweep)
+        rows = run_sweep(trace, cfg, sweeps, progress=None if args.json else
+                         lambda r: print(f"  {r}", file=sys.stderr))
+    except (ValueError, TypeError) as exc:
+        print(f"kvscope simulate: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(rows) if args.json else format_rows(rows))
+    if args.figure:
+        per_block = args.kv_bytes_per_block or trace.config.get("kv_bytes_per_block")
+        fig = capacity_figure(rows, per_block)
+        if args.figure.endswith(".png"):
+            fig.write_image(args.figure)
+        elif args.figure.endswith(".json"):
+            Path(args.figure).write_text(fig.to_json())
+        else:
+            fig.write_html(args.figure, include_plotlyjs="cdn")
+        print(f"capacity curve: {args.figure}", file=sys.stderr)
     return 0
 
 
@@ -143,5 +181,12 @@ def add_simulate_subcommands(subparsers: Any) -> None:
     p.add_argument("--record", action="store_true", help="record each pod as a 'simulated' run")
     p.add_argument("--label", default=None)
     p.add_argument("--db", default=None, help="the run store (default: $KVSCOPE_DB or kvscope.db)")
+    p.add_argument("--router-arg", action="append", metavar="NAME=NUMBER",
+                   help="a router's own knob, e.g. overlap_weight=2 for dynamo")
+    p.add_argument("--sweep", action="append", metavar="NAME=V1,V2",
+                   help="run every combination (num_kv_blocks, block_size, pods, router, max_num_seqs, "
+                   "max_num_batched_tokens) and print a table")
+    p.add_argument("--figure", default=None, metavar="FILE",
+                   help="with --sweep: the capacity curve (hit rate against memory per router) as .html or .json")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=cmd_simulate)

@@ -43,6 +43,7 @@ class SimConfig:
     cost: StepCost
     arrivals: str = "times"
     keep_events: bool = False  # needed to record the runs
+    router_args: dict = field(default_factory=dict)  # e.g. Dynamo's overlap_weight
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_pods, int) or self.num_pods < 1:
@@ -118,7 +119,7 @@ def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | No
     keep = cfg.keep_events or recorder is not None
     pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep) for k in range(cfg.num_pods)]
     rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None
-    router = ROUTERS[cfg.router](cfg.num_pods, cfg.cache.block_size)
+    router = ROUTERS[cfg.router](cfg.num_pods, cfg.cache.block_size, **cfg.router_args)
     times = [RequestTimes(0, 0.0) for _ in trace.requests]
     if cfg.arrivals == "steps":
         _by_steps(trace, pods[0], times, rec)
