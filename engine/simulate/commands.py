@@ -141,11 +141,13 @@ def _sweep(args: argparse.Namespace, trace, cfg) -> int:
         per_block = args.kv_bytes_per_block or trace.config.get("kv_bytes_per_block")
         fig = capacity_figure(rows, per_block)
         if args.figure.endswith(".png"):
-            fig.write_image(args.figure)
+            from engine.simulate.sweep import figure_png
+
+            figure_png(fig, args.figure)
         elif args.figure.endswith(".json"):
             Path(args.figure).write_text(fig.to_json())
         else:
-            fig.write_html(args.figure, include_plotlyjs="cdn")
+            fig.write_html(args.figure, include_plotlyjs=True)  # self-contained: no network needed
         print(f"capacity curve: {args.figure}", file=sys.stderr)
     return 0
 
@@ -187,6 +189,7 @@ def add_simulate_subcommands(subparsers: Any) -> None:
                    help="run every combination (num_kv_blocks, block_size, pods, router, max_num_seqs, "
                    "max_num_batched_tokens) and print a table")
     p.add_argument("--figure", default=None, metavar="FILE",
-                   help="with --sweep: the capacity curve (hit rate against memory per router) as .html or .json")
+                   help="with --sweep: the capacity curve (hit rate against memory per router) as .html, "
+                   ".json or .png (drawn by Chromium through playwright)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=cmd_simulate)

@@ -23,6 +23,7 @@ from engine.core import (
 from engine.core.event_log import EventLog
 from engine.core.scheduler_output import SchedulerOutput
 from engine.simulate.cost import StepCost
+from engine.simulate.routers.base import consecutive
 from engine.simulate.trace import TraceRequest, placeholder_token
 
 
@@ -38,7 +39,7 @@ class RequestTimes:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int | None = None  # at its first admission (vLLM's usage figure)
-    reachable_tokens: int = 0  # the longest prefix any pod held when it was routed
+    reachable_tokens: int = 0  # the longest prefix any pod held when it was admitted
     num_preemptions: int = 0
 
 
@@ -48,6 +49,7 @@ class _Live:
     index: int  # the request's index in the trace (its placeholder stream)
     times: RequestTimes
     request: Request
+    block_hashes: tuple[str, ...] = ()  # what a lookup may hit, for the reachable figure
 
 
 class SimPod:
@@ -68,6 +70,7 @@ class SimPod:
         self.removed: list[str] = []
         self._stopping: list[str] = []
         self.finished_ids: list[str] = []
+        self.fleet: list[SimPod] = [self]  # every pod: where else a prefix could have hit
         self._hook_pool()
 
     def _hook_pool(self) -> None:
@@ -109,15 +112,17 @@ class SimPod:
 
     # ---- requests -------------------------------------------------------------------
 
-    def arrive(self, tr: TraceRequest, index: int, times: RequestTimes, tokens: list[int]) -> None:
+    def arrive(self, tr: TraceRequest, index: int, times: RequestTimes, tokens: list[int],
+               block_hashes: tuple[str, ...] = ()) -> None:
         """A routed request (``tokens``: its prompt): entered now when the pod is between
         steps, else at the end of the step in flight (the engine adds requests between steps)."""
         if self.in_flight is not None:
-            self.pending.append((tr, index, times, tokens))
+            self.pending.append((tr, index, times, tokens, block_hashes))
         else:
-            self._enter(tr, index, times, tokens)
+            self._enter(tr, index, times, tokens, block_hashes)
 
-    def _enter(self, tr: TraceRequest, index: int, times: RequestTimes, tokens: list[int]) -> None:
+    def _enter(self, tr: TraceRequest, index: int, times: RequestTimes, tokens: list[int],
+               block_hashes: tuple[str, ...] = ()) -> None:
         n = tr.output_length
         stop_ids: list[int] = []
         if tr.finish == "stop":  # its last token stopped it: the same finish event
@@ -129,7 +134,7 @@ class SimPod:
         req = Request(tr.request_id, tokens, params, arrival_time=times.arrival, client=tr.client)
         self.scheduler.add_request(req)
         times.num_prompt_tokens = len(tokens)
-        self.live[tr.request_id] = _Live(tr, index, times, req)
+        self.live[tr.request_id] = _Live(tr, index, times, req, block_hashes)
 
     def end_from_outside(self, request_id: str, how: str) -> None:
         """Before the next schedule: a stop string (finished at that schedule) or an abort."""
@@ -166,10 +171,14 @@ class SimPod:
             self._finished(rid)
         self._stopping.clear()
         for s in out.scheduled:
-            t = self.live[s.request_id].times
+            live = self.live[s.request_id]
+            t = live.times
             if t.first_scheduled is None:  # its first admission: vLLM's cached_tokens
                 t.first_scheduled = self.clock
-                t.num_cached_tokens = self.live[s.request_id].request.num_cached_tokens
+                t.num_cached_tokens = live.request.num_cached_tokens
+                t.reachable_tokens = max([t.num_cached_tokens] + [
+                    consecutive(live.block_hashes, q.kv.pool.cached) * q.kv.block_size
+                    for q in self.fleet if q is not self])
         self.in_flight = out
         self.clock += self.cost.of(out)
         return self.clock

@@ -2,8 +2,8 @@
 
 Hit rates are vLLM's: prefix-cache hit tokens over query tokens of first admissions.
 ``reachable_hit_rate`` is the share of prompt tokens that some pod held cached when the
-request was routed (the best placement could have hit them); ``achieved`` is what the
-chosen pod hit at admission; ``router_loss`` the difference. Times are on the virtual
+request was admitted (the best placement could have hit them); ``achieved`` is what the
+chosen pod hit then; ``router_loss`` the difference. Times are on the virtual
 clock of the step-cost model.
 """
 

@@ -28,7 +28,6 @@ from engine.events.schema.step import StepRecord
 from engine.simulate.cost import StepCost
 from engine.simulate.pod import RequestTimes, SimPod
 from engine.simulate.routers import ROUTERS, Routed
-from engine.simulate.routers.base import consecutive
 from engine.simulate.trace import Trace, TraceRequest
 
 ARRIVALS = ("times", "steps")
@@ -118,6 +117,8 @@ def _sub(a: float | None, b: float) -> float | None:
 def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None) -> SimResult:
     keep = cfg.keep_events or recorder is not None
     pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep) for k in range(cfg.num_pods)]
+    for p in pods:
+        p.fleet = pods
     rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None
     router = ROUTERS[cfg.router](cfg.num_pods, cfg.cache.block_size, **cfg.router_args)
     times = [RequestTimes(0, 0.0) for _ in trace.requests]
@@ -170,9 +171,8 @@ def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes
                 tokens = tr.tokens()
                 hashes = tuple(hasher.full_blocks(tokens, bs, [])[:(len(tokens) - 1) // bs])
                 k = router.route(Routed(tr.request_id, tokens, hashes), pods)
-                reach = max(consecutive(hashes, p.kv.pool.cached) for p in pods) * bs
-                times[i] = RequestTimes(k, t_arr, reachable_tokens=reach)
-                pods[k].arrive(tr, i, times[i], tokens)
+                times[i] = RequestTimes(k, t_arr)
+                pods[k].arrive(tr, i, times[i], tokens, hashes)
                 started.add(k)
                 i += 1
             for k in sorted(started):

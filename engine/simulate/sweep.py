@@ -104,3 +104,24 @@ def capacity_figure(rows: list[dict[str, Any]], bytes_per_block: int | None = No
                       xaxis_title="KV memory per pod (MiB)" if bytes_per_block else "KV blocks per pod",
                       yaxis_title="hit rate (%)", yaxis_range=[0, 100], template="plotly_white")
     return fig
+
+
+def figure_png(fig, path: str, width: int = 900, height: int = 500) -> None:
+    """Draw ``fig`` to a PNG in headless Chromium (playwright, with Debian's /usr/bin/chromium
+    where it is, the browser the dashboard's tests use): no kaleido needed."""
+    import os
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    html = os.path.join(tempfile.mkdtemp(), "figure.html")
+    fig.update_layout(width=width, height=height)
+    fig.write_html(html, include_plotlyjs=True, full_html=True)
+    exe = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": width + 40, "height": height + 40})
+        page.goto(f"file://{html}")
+        page.wait_for_selector(".main-svg")
+        page.locator(".plotly-graph-div").screenshot(path=path)
+        browser.close()

@@ -114,3 +114,4 @@ def test_every_router_serves_every_request_exactly_once(name):
     assert all(t.finished is not None for t in r.requests)
     assert sum(len(p.live) for p in r.pods) == 0
     assert sum(p.log.counts.num_requests_finished for p in r.pods) == 12
+    assert all(t.reachable_tokens >= t.num_cached_tokens for t in r.requests)
