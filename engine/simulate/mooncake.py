@@ -47,10 +47,13 @@ def generate(shape: Shape) -> list[dict[str, Any]]:
     systems = [list(range(k * shape.system_blocks, (k + 1) * shape.system_blocks))
                for k in range(shape.system_prompts)]
 
-    def new_ids(n_tokens: int) -> list[int]:
-        n = max(1, -(-n_tokens // MOONCAKE_BLOCK))
-        out = list(range(next_id[0], next_id[0] + n))
-        next_id[0] += n
+    def extend(ids: list[int], length: int, n: int) -> list[int]:
+        """The ids of a history of ``length`` tokens grown by ``n``: its whole blocks keep
+        their ids; the partial last block, now with other tokens, and the rest get new ones."""
+        keep = length // MOONCAKE_BLOCK
+        k = -(-(length + n) // MOONCAKE_BLOCK) - keep
+        out = ids[:keep] + list(range(next_id[0], next_id[0] + k))
+        next_id[0] += k
         return out
 
     # a session of T turns re-sends its history: turn t's input ~ sys + t * (user + answer)
@@ -71,14 +74,13 @@ def generate(shape: Shape) -> list[dict[str, Any]]:
         when = t
         for _turn in range(turns):
             user = max(16, int(rng.expovariate(1 / per_turn)))
-            # whole blocks of history keep their ids; the new text starts a new block
-            ids = ids[: length // MOONCAKE_BLOCK] + new_ids(length % MOONCAKE_BLOCK + user)
+            ids = extend(ids, length, user)
             length += user
             out = max(1, int(rng.expovariate(1 / shape.mean_output)))
             records.append((when, {"timestamp": int(when * 1000), "input_length": length,
-                                   "output_length": out, "hash_ids": ids[: -(-length // MOONCAKE_BLOCK)]}))
-            ids = ids[: -(-length // MOONCAKE_BLOCK)]
-            length += out  # the answer joins the history
+                                   "output_length": out, "hash_ids": list(ids)}))
+            ids = extend(ids, length, out)  # the answer joins the history
+            length += out
             when += rng.expovariate(1 / 30.0)  # the user reads, then writes the next turn
     records.sort(key=lambda r: r[0])
     return [r for _, r in records[: shape.num_requests]]

@@ -97,8 +97,9 @@ def test_the_shipped_trace_is_what_the_generator_makes():
     assert 0.30 < s["reusable_block_share"] < 0.44
 
 
-def test_generated_conversations_resend_their_history():
+def test_generated_conversations_resend_their_history(tmp_path):
     recs = generate(Shape(num_requests=400, mean_turns=3.0, mean_input=4000, seed=3))
+    assert len(read_mooncake(_write(tmp_path, recs)).requests) == 400  # every record well formed
     by_prefix = 0
     for i, r in enumerate(recs):
         for q in recs[:i]:
