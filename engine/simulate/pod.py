@@ -133,6 +133,8 @@ class SimPod:
                                 stop_token_ids=stop_ids, ignore_eos=True, temperature=0)
         req = Request(tr.request_id, tokens, params, arrival_time=times.arrival, client=tr.client)
         self.scheduler.add_request(req)
+        if block_hashes:  # the router hashed them already
+            self.kv.give_block_hashes(req.request_id, list(block_hashes))
         times.num_prompt_tokens = len(tokens)
         self.live[tr.request_id] = _Live(tr, index, times, req, block_hashes)
 
