@@ -3,8 +3,8 @@
 ``--sweep num_kv_blocks=500,1000,2000 --sweep router=round-robin,precise-prefix`` runs the
 product (here 6 simulations) and gives one row each: the settings, the hit rates (vLLM's,
 reachable, the router's loss), evictions, preemptions and TTFT. ``capacity_figure`` draws
-the capacity curve: hit rate against each pod's KV memory, a line per router (and the
-reachable rate dashed), as a plotly figure.
+the capacity curve: hit rate against each pod's KV memory, a line per router (the
+oracle's, dotted, is the reachable one), as a plotly figure.
 """
 
 from __future__ import annotations
@@ -87,22 +87,24 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 def capacity_figure(rows: list[dict[str, Any]], bytes_per_block: int | None = None):
     """Hit rate against each pod's KV memory (blocks, or MiB with ``bytes_per_block``),
-    a line per router; the reachable rate of each router's runs dashed."""
+    a line per router (the oracle's is what was reachable)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     scale = (bytes_per_block / 2**20) if bytes_per_block else 1
+    top = 0.0
     for router in dict.fromkeys(r["router"] for r in rows):
         mine = sorted((r for r in rows if r["router"] == router), key=lambda r: r["num_kv_blocks"])
-        x = [r["num_kv_blocks"] * scale for r in mine]
-        fig.add_trace(go.Scatter(x=x, y=[100 * (r["prefix_cache_hit_rate"] or 0) for r in mine],
-                                 mode="lines+markers", name=router))
-        if any(r["reachable_hit_rate"] is not None for r in mine) and mine[0]["pods"] > 1:
-            fig.add_trace(go.Scatter(x=x, y=[100 * (r["reachable_hit_rate"] or 0) for r in mine],
-                                     mode="lines", line={"dash": "dot"}, name=f"{router}: reachable"))
-    fig.update_layout(title="Prefix-cache hit rate against KV memory per pod",
+        y = [100 * (r["prefix_cache_hit_rate"] or 0) for r in mine]
+        top = max([top] + y)
+        fig.add_trace(go.Scatter(x=[r["num_kv_blocks"] * scale for r in mine], y=y,
+                                 mode="lines+markers", name=router,
+                                 line={"dash": "dot"} if router == "oracle" else None))
+    pods = rows[0]["pods"] if rows else 1
+    fig.update_layout(title=f"Prefix-cache hit rate against KV memory per pod ({pods} pods)",
                       xaxis_title="KV memory per pod (MiB)" if bytes_per_block else "KV blocks per pod",
-                      yaxis_title="hit rate (%)", yaxis_range=[0, 100], template="plotly_white")
+                      yaxis_title="hit rate (%)", yaxis_range=[0, min(100, top * 1.15 + 1)],
+                      template="plotly_white")
     return fig
 
 
