@@ -31,6 +31,7 @@ PAGES = [
     st.Page("views/replay.py", title="Replay", icon=":material/replay:"),
     st.Page("views/attached.py", title="Attached", icon=":material/hub:"),
     st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page("views/simulate.py", title="Simulate", icon=":material/science:"),
     st.Page("views/lessons.py", title="Lessons", icon=":material/school:"),
     st.Page("views/engine_settings.py", title="Engine", icon=":material/settings:"),
 ]

@@ -1,4 +1,4 @@
-"""The ``kvscope`` command: generate, serve, submit, attach, runs, replay, lesson, bench.
+"""The ``kvscope`` command: generate, serve, submit, attach, simulate, runs, replay, lesson, bench.
 
 Each subsystem registers its own subcommands; heavy imports (torch, the model)
 happen only inside the command that needs them.
@@ -60,11 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.attach.commands import add_attach_subcommands
     from engine.client.commands import add_client_subcommands
     from engine.server.commands import add_server_subcommands
+    from engine.simulate.commands import add_simulate_subcommands
     from engine.store.commands import add_store_subcommands
     from lessons.commands import add_lesson_subcommands
 
     for add in (add_store_subcommands, add_server_subcommands, add_client_subcommands,
-                add_attach_subcommands, add_lesson_subcommands, add_bench_subcommands):
+                add_attach_subcommands, add_simulate_subcommands, add_lesson_subcommands,
+                add_bench_subcommands):
         add(sub)
     return parser
 

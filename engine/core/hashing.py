@@ -141,7 +141,7 @@ class BlockHasher:
         if extra_keys is not None and not isinstance(extra_keys, tuple):
             raise TypeError(f"vLLM's extra_keys are a tuple or None, got {extra_keys!r}")
         parent = bytes.fromhex(parent_hash) if parent_hash else self._root
-        return self._fn((parent, tuple(int(t) for t in token_ids), extra_keys)).hex()
+        return self._fn((parent, tuple(map(int, token_ids)), extra_keys)).hex()
 
     def full_blocks(self, token_ids: Sequence[int], block_size: int, known: list[str],
                     extra_keys: Any = None) -> list[str]:

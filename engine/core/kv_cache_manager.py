@@ -55,7 +55,14 @@ class KVCacheManager:
         self.hashes: dict[str, list[str]] = {}  # chained hashes of a request's full blocks
         self.num_hashed: dict[str, int] = {}  # how many table blocks went through cache()
         self.cow_pairs: list[tuple[int, int]] = []
+        self._ids: dict[str, list[int]] = {}  # block_ids' lists, dropped when a table changes
         self.cached_this_step: list[Block] = []  # hashed at schedule, K/V not yet computed
+
+    def give_block_hashes(self, request_id: str, hashes: list[str]) -> None:
+        """The chained hashes of a new request's first full blocks, computed by a caller
+        that needed them first (a router), so they are not computed again; vLLM's
+        ``Request.block_hashes``. They must be this manager's hashes of its tokens."""
+        self.hashes[request_id] = list(hashes)
 
     # ---- lookup -------------------------------------------------------------
 
@@ -109,6 +116,7 @@ class KVCacheManager:
             return False
         rid, step = req.request_id, self.log.step
         table = self.tables.setdefault(rid, [])
+        before = len(table)
         computed = req.num_computed_tokens
         if match is not None:
             assert not table, f"{rid} admitted with a non-empty table"
@@ -127,6 +135,7 @@ class KVCacheManager:
             src = table[i]
             dst = self.pool.take()
             table[i] = dst
+            self._ids.pop(rid, None)
             self.pool.move_reference(src)
             self.cow_pairs.append((src.id, dst.id))
             self.log.add(CowCopy(step, rid, src.id, dst.id, i, src.ref_count))
@@ -135,6 +144,8 @@ class KVCacheManager:
             b = self.pool.take()
             table.append(b)
             self.log.add(BlockAllocated(step, b.id, rid, len(table) - 1))
+        if len(table) != before:
+            self._ids.pop(rid, None)
         # As vLLM: the blocks this step fills are hashed now, so a request admitted later
         # in the same step already hits them. Safe because one forward runs the whole
         # step and every layer writes all of the step's K/V before any token attends.
@@ -142,12 +153,25 @@ class KVCacheManager:
         return True
 
     def slot_mapping(self, req: Request, start: int, end: int) -> list[int]:
-        """Physical slot of each token position in [start, end)."""
+        """Physical slot of each token position in [start, end): a run of slots per block."""
         table, bs = self.tables[req.request_id], self.block_size
-        return [table[p // bs].id * bs + p % bs for p in range(start, end)]
+        out: list[int] = []
+        p = start
+        while p < end:
+            i, off = divmod(p, bs)
+            n = min(bs - off, end - p)
+            base = table[i].id * bs + off
+            out.extend(range(base, base + n))
+            p += n
+        return out
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.id for b in self.tables.get(request_id, ())]
+        """The table's block ids: one list while the table is unchanged (a decode step does
+        not rebuild a long context's), a new one when it changes. Read-only for callers."""
+        ids = self._ids.get(request_id)
+        if ids is None:
+            ids = self._ids[request_id] = [b.id for b in self.tables.get(request_id, ())]
+        return ids
 
     # ---- caching, forks, freeing -------------------------------------------
 
@@ -184,6 +208,7 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """Release the request's blocks, tail first, so tails are evicted before heads."""
         rid = req.request_id
+        self._ids.pop(rid, None)
         for b in reversed(self.tables.pop(rid, [])):
             self.pool.release(b, rid)
         self.num_hashed.pop(rid, None)

@@ -112,7 +112,7 @@ class Recorder:
         ``config`` must be JSON-able; an engine run's must hold ``num_blocks`` and
         ``block_size``. ``kind``: what the run records (``engine.events.folds.run_kind``)."""
         kind = RunKind.of(kind)
-        if kind is RunKind.ENGINE:
+        if kind is not RunKind.ATTACHED:
             for key in ("num_blocks", "block_size"):
                 if key not in config:
                     raise ValueError(f"run config needs {key!r} so the run can be replayed")

@@ -144,6 +144,24 @@ def test_compare_page_puts_two_runs_side_by_side(dashboard_env):
     assert len(at.get("plotly_chart")) == 6
 
 
+def test_simulate_page_sweeps_draws_the_capacity_curve_and_records_runs(dashboard_env):
+    at = app().run()
+    at.switch_page("views/simulate.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.radio(key="sim_source").value == "mooncake_conversation_300.jsonl"
+    at.multiselect(key="sim_routers").set_value(["round-robin", "oracle"])
+    at.checkbox(key="sim_record").check()
+    at.button(key="sim_go").click().run(timeout=240)
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    assert list(table["router"]) == ["round-robin", "oracle"] * 3
+    assert (table["prefix_cache_hit_rate"] > 0).all()
+    assert len(at.get("plotly_chart")) == 1
+    recorded = [r for r in RunStore(dashboard_env.db).list_runs() if r.get("kind") == "simulated"]
+    assert len(recorded) == 4 and all(r["num_steps"] > 0 for r in recorded)
+    assert any("simulated run" in s.value for s in at.success)
+
+
 def test_lessons_page_is_in_the_navigation():
     at = app().run()
     at.switch_page("views/lessons.py").run()

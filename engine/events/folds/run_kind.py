@@ -4,6 +4,8 @@
   ``PoolSnapshot`` (block ids, ref counts, tables).
 - ``attached``: ``kvscope attach`` on a foreign engine's hash-only KV event stream;
   ``HashCacheState`` folds its ``kv_*`` events into a ``HashCacheSnapshot``.
+- ``simulated``: one pod of ``kvscope simulate``: the real core's events without a
+  model, folded as an engine run's.
 
 The store, the live client and the dashboard ask here instead of branching on
 strings, so a new kind is added in one place. A run recorded before kinds existed
@@ -27,6 +29,7 @@ AnyState = Union[PoolState, HashCacheState]
 class RunKind(enum.StrEnum):
     ENGINE = "engine"
     ATTACHED = "attached"
+    SIMULATED = "simulated"
 
     @classmethod
     def of(cls, value: Any) -> RunKind:

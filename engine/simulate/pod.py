@@ -1,0 +1,221 @@
+"""SimPod: one simulated engine: the real ``engine.core`` Scheduler and KV cache manager,
+a virtual clock, and no model.
+
+A step is the engine's own ``schedule() → update_from_output()``; the runner's part is
+a token per sample id (the trace's recorded tokens, or ``placeholder_token``), and its
+time comes from the ``StepCost``. Whatever the cache does (hits, evictions, preemptions,
+copy-on-write) is the core's decision, the same code as ``kvscope serve`` runs.
+
+What a router may see of a pod is ``PodView``-shaped: queue lengths and usage (what
+a real router scrapes from ``/metrics``), and the KV event feed (``stored`` / ``removed``
+hashes of the last finished step, what vLLM's publisher sends). Only the oracle reads
+``kv.pool.cached``, the true cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core import (
+    CacheConfig, ModelRunnerOutput, Request, RequestStatus, SampledToken, SamplingParams, Scheduler,
+    SchedulerConfig,
+)
+from engine.core.event_log import EventLog
+from engine.core.scheduler_output import SchedulerOutput
+from engine.simulate.cost import StepCost
+from engine.simulate.routers.base import consecutive
+from engine.simulate.trace import TraceRequest, placeholder_token
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """A simulated request's life on the virtual clock (seconds)."""
+
+    pod: int
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int | None = None  # at its first admission (vLLM's usage figure)
+    reachable_tokens: int = 0  # the longest prefix any pod held when it was admitted
+    num_preemptions: int = 0
+
+
+@dataclass(slots=True)
+class _Live:
+    trace: TraceRequest
+    index: int  # the request's index in the trace (its placeholder stream)
+    times: RequestTimes
+    request: Request
+    block_hashes: tuple[str, ...] = ()  # what a lookup may hit, for the reachable figure
+
+
+class SimPod:
+    def __init__(self, index: int, sched: SchedulerConfig, cache: CacheConfig, cost: StepCost,
+                 keep_events: bool = False) -> None:
+        self.index = index
+        self.log = EventLog(enabled=keep_events)
+        self.scheduler = Scheduler(sched, cache, self.log)
+        self.kv = self.scheduler.kv
+        self.cost = cost
+        self.clock = 0.0  # when the pod is next free
+        self.in_flight: SchedulerOutput | None = None
+        self.pending: list[tuple[TraceRequest, int, RequestTimes, list[int]]] = []  # arrived mid-step
+        self.live: dict[str, _Live] = {}
+        self.num_steps = 0
+        self.num_blocks_stored = 0
+        self.stored: list[str] = []  # the KV event feed of the step in flight
+        self.removed: list[str] = []
+        self._stopping: list[str] = []
+        self.finished_ids: list[str] = []
+        self.fleet: list[SimPod] = [self]  # every pod: where else a prefix could have hit
+        self._hook_pool()
+
+    def _hook_pool(self) -> None:
+        """The KV event feed (vLLM's BlockStored / BlockRemoved), from the pool's hooks,
+        so routers get it whether or not events are kept."""
+        pool = self.kv.pool
+        on_cached, on_uncached = pool._on_cached, pool._on_uncached
+
+        def cached(b) -> None:
+            self.num_blocks_stored += 1
+            self.stored.append(b.hash)
+            if on_cached is not None:
+                on_cached(b)
+
+        def uncached(b) -> None:
+            self.removed.append(b.hash)
+            if on_uncached is not None:
+                on_uncached(b)
+
+        pool._on_cached, pool._on_uncached = cached, uncached
+
+    # ---- what a router sees -------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting) + len(self.pending)
+
+    @property
+    def load(self) -> int:
+        return self.num_running + self.num_waiting
+
+    @property
+    def num_blocks_used(self) -> int:
+        return self.kv.config.num_blocks - self.kv.pool.num_free
+
+    # ---- requests -------------------------------------------------------------------
+
+    def arrive(self, tr: TraceRequest, index: int, times: RequestTimes, tokens: list[int],
+               block_hashes: tuple[str, ...] = ()) -> None:
+        """A routed request (``tokens``: its prompt): entered now when the pod is between
+        steps, else at the end of the step in flight (the engine adds requests between steps)."""
+        if self.in_flight is not None:
+            self.pending.append((tr, index, times, tokens, block_hashes))
+        else:
+            self._enter(tr, index, times, tokens, block_hashes)
+
+    def _enter(self, tr: TraceRequest, index: int, times: RequestTimes, tokens: list[int],
+               block_hashes: tuple[str, ...] = ()) -> None:
+        n = tr.output_length
+        stop_ids: list[int] = []
+        if tr.finish == "stop":  # its last token stopped it: the same finish event
+            stop_ids = [tr.output_token_ids[-1]]
+        elif tr.finish in ("stop_string", "abort"):
+            n += 1  # ended from outside before it could sample more
+        params = SamplingParams(max_tokens=n, min_tokens=tr.output_length if stop_ids else 0,
+                                stop_token_ids=stop_ids, ignore_eos=True, temperature=0)
+        req = Request(tr.request_id, tokens, params, arrival_time=times.arrival, client=tr.client)
+        self.scheduler.add_request(req)
+        if block_hashes:  # the router hashed them already
+            self.kv.give_block_hashes(req.request_id, list(block_hashes))
+        times.num_prompt_tokens = len(tokens)
+        self.live[tr.request_id] = _Live(tr, index, times, req, block_hashes)
+
+    def end_from_outside(self, request_id: str, how: str) -> None:
+        """Before the next schedule: a stop string (finished at that schedule) or an abort."""
+        if request_id not in self.scheduler.requests:
+            return
+        if how == "stop_string":
+            self.scheduler.stop_requests([request_id])
+            self._stopping.append(request_id)
+        else:
+            self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+            self._finished(request_id)
+
+    def _finished(self, request_id: str) -> None:
+        live = self.live.pop(request_id)
+        live.times.finished = self.clock
+        live.times.num_preemptions = live.request.num_preemptions
+        self.finished_ids.append(request_id)
+
+    def take_finished(self) -> list[str]:
+        """The requests that ended since the last call (their response streams closed)."""
+        out, self.finished_ids = self.finished_ids, []
+        return out
+
+    def busy(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self.log.events)
+
+    # ---- one step ---------------------------------------------------------------------
+
+    def start_step(self, now: float) -> float:
+        """Schedule a step at ``now``; returns when it ends."""
+        self.clock = max(self.clock, now)
+        out = self.scheduler.schedule()
+        for rid in self._stopping:  # stop strings: finished by this schedule
+            self._finished(rid)
+        self._stopping.clear()
+        for s in out.scheduled:
+            live = self.live[s.request_id]
+            t = live.times
+            if t.first_scheduled is None:  # its first admission: vLLM's cached_tokens
+                t.first_scheduled = self.clock
+                t.num_cached_tokens = live.request.num_cached_tokens
+                t.reachable_tokens = max([t.num_cached_tokens] + [
+                    consecutive(live.block_hashes, q.kv.pool.cached) * q.kv.block_size
+                    for q in self.fleet if q is not self])
+        self.in_flight = out
+        self.clock += self.cost.of(out)
+        return self.clock
+
+    def finish_step(self) -> None:
+        """Close the step in flight at ``clock``: sample, update, enter the requests that
+        arrived meanwhile."""
+        out, self.in_flight = self.in_flight, None
+        sampled = {}
+        sched = self.scheduler
+        for s in out.scheduled:
+            for sid in s.sample_ids:
+                live = self.live[sid]
+                k = live.request.num_output_tokens
+                toks = live.trace.output_token_ids
+                tok = toks[k] if toks is not None and k < len(toks) else placeholder_token(live.index, k)
+                sampled[sid] = SampledToken(tok)
+        core = sched.update_from_output(out, ModelRunnerOutput(sampled))
+        self.num_steps += 1
+        for o in core.outputs:
+            live = self.live.get(o.request_id)
+            if live is None:
+                continue
+            t = live.times
+            if o.new_token is not None:
+                t.num_output_tokens += 1
+                if t.first_token is None:
+                    t.first_token = self.clock
+            if o.finish_reason is not None:
+                self._finished(o.request_id)
+        pending, self.pending = self.pending, []
+        for item in pending:
+            self._enter(*item)
+
+    def take_feed(self) -> tuple[list[str], list[str]]:
+        """The KV event feed since the last call (stored, removed hashes)."""
+        stored, removed, self.stored, self.removed = self.stored, self.removed, [], []
+        return stored, removed

@@ -1,0 +1,205 @@
+"""Run a trace through N simulated pods behind a router, on a virtual clock.
+
+Two ways arrivals enter:
+- ``times`` (any number of pods): each request arrives at its trace time; the router
+  picks its pod then, from what it may see; a pod busy with a step enters it when the
+  step ends, as the engine adds requests between steps. Events in time order, arrivals
+  before step ends at the same instant.
+- ``steps`` (one pod, an engine run's trace): each request enters before the engine
+  step it entered before in the recording, and is ended from outside (abort, stop
+  string) before the step it was in the recording. With the run's settings the core
+  then makes the recording's every decision again: the fidelity test holds it.
+
+A recorder (``engine.store.Recorder``) makes each pod a run of kind ``simulated``: its
+steps' events and metrics, as an engine run's, so Replay and Compare show it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.core import CacheConfig, SchedulerConfig
+from engine.core.hashing import get_hasher
+from engine.events.metrics.step_metrics import MetricsConfig, MetricsTracker
+from engine.events.schema.step import StepRecord
+from engine.simulate.cost import StepCost
+from engine.simulate.pod import RequestTimes, SimPod
+from engine.simulate.routers import ROUTERS, Routed
+from engine.simulate.trace import Trace, TraceRequest
+
+ARRIVALS = ("times", "steps")
+
+
+@dataclass
+class SimConfig:
+    num_pods: int
+    router: str
+    sched: SchedulerConfig
+    cache: CacheConfig
+    cost: StepCost
+    arrivals: str = "times"
+    keep_events: bool = False  # needed to record the runs
+    router_args: dict = field(default_factory=dict)  # e.g. Dynamo's overlap_weight
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_pods, int) or self.num_pods < 1:
+            raise ValueError(f"pods must be an integer >= 1, got {self.num_pods!r}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"unknown router {self.router!r} (known: {', '.join(ROUTERS)})")
+        if self.arrivals not in ARRIVALS:
+            raise ValueError(f"arrivals must be one of {ARRIVALS}, got {self.arrivals!r}")
+        if self.arrivals == "steps" and self.num_pods != 1:
+            raise ValueError("arrivals by steps replay one engine run on one pod (--pods 1)")
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    pods: list[SimPod]
+    requests: list[RequestTimes]
+    trace: Trace
+    run_ids: list[str] = field(default_factory=list)
+
+    @property
+    def makespan(self) -> float:
+        return max((p.clock for p in self.pods), default=0.0)
+
+
+class _Recording:
+    """Each pod's steps as a ``simulated`` run, written through a Recorder."""
+
+    def __init__(self, recorder: Any, cfg: SimConfig, pods: list[SimPod], trace: Trace, label: str | None):
+        self.recorder = recorder
+        self.trackers = []
+        self.run_ids = []
+        self.seq = [0] * len(pods)
+        for p in pods:
+            conf = {"num_blocks": cfg.cache.num_blocks, "block_size": cfg.cache.block_size,
+                    "max_num_batched_tokens": cfg.sched.max_num_batched_tokens,
+                    "max_num_seqs": cfg.sched.max_num_seqs, "max_model_len": cfg.sched.max_model_len,
+                    "enable_prefix_caching": cfg.cache.enable_prefix_caching,
+                    "scheduling_policy": cfg.sched.policy, "simulated": {
+                        "trace": trace.source, "pod": p.index, "pods": cfg.num_pods,
+                        "router": cfg.router, "arrivals": cfg.arrivals, "step_cost": cfg.cost.to_dict()}}
+            name = f"{label or 'simulate'} pod {p.index}/{cfg.num_pods}"
+            self.run_ids.append(recorder.start_run(conf, model=None, label=name, kind="simulated"))
+            self.trackers.append(MetricsTracker(MetricsConfig(
+                cfg.cache.block_size, cfg.cache.num_blocks, cfg.sched.max_num_batched_tokens)))
+
+    def step(self, pod: SimPod) -> None:
+        events = pod.log.drain()
+        k = pod.index
+        summary = pod.scheduler.pool_summary()
+        metrics = self.trackers[k].update(events, summary, pod.clock)
+        rec = StepRecord(self.seq[k], summary.step, pod.clock, events, metrics)
+        self.seq[k] += 1
+        self.recorder.record_step(rec, self.run_ids[k])
+
+    def finish(self, result: SimResult) -> None:
+        for tr, t in zip(result.trace.requests, result.requests):
+            self.recorder.record_request(
+                tr.request_id, prompt=f"({tr.num_prompt_tokens} prompt tokens, simulated)",
+                params={"max_tokens": tr.output_length},
+                outputs=[], timings={"num_cached_tokens": t.num_cached_tokens, "ttft_s": _sub(t.first_token, t.arrival),
+                                     "e2e_s": _sub(t.finished, t.arrival)},
+                run_id=self.run_ids[t.pod], source="simulate")
+        for rid in self.run_ids:
+            self.recorder.finish(rid)
+
+
+def _sub(a: float | None, b: float) -> float | None:
+    return None if a is None else a - b
+
+
+def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None) -> SimResult:
+    keep = cfg.keep_events or recorder is not None
+    pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep) for k in range(cfg.num_pods)]
+    for p in pods:
+        p.fleet = pods
+    rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None
+    router = ROUTERS[cfg.router](cfg.num_pods, cfg.cache.block_size, **cfg.router_args)
+    times = [RequestTimes(0, 0.0) for _ in trace.requests]
+    if cfg.arrivals == "steps":
+        _by_steps(trace, pods[0], times, rec)
+    else:
+        _by_times(trace, pods, router, times, rec, get_hasher(cfg.cache.prefix_caching_hash_algo))
+    result = SimResult(cfg, pods, times, trace, rec.run_ids if rec else [])
+    if rec is not None:
+        rec.finish(result)
+    return result
+
+
+def _by_steps(trace: Trace, pod: SimPod, times: list[RequestTimes], rec: _Recording | None) -> None:
+    reqs = trace.requests
+    ends: dict[int, list[TraceRequest]] = {}
+    for tr in reqs:
+        if tr.finish_step is not None:
+            ends.setdefault(tr.finish_step, []).append(tr)
+    i = 0
+    while i < len(reqs) or pod.busy():
+        step = pod.scheduler.log.step  # the number of the step scheduled next
+        if not pod.busy() and reqs[i].arrival_step > step:
+            raise ValueError(f"{reqs[i].request_id} arrived before step {reqs[i].arrival_step}, "
+                             f"but the engine would be idle from step {step}: not a step-exact trace")
+        while i < len(reqs) and (reqs[i].arrival_step or 0) <= step:
+            times[i] = RequestTimes(0, pod.clock)
+            pod.arrive(reqs[i], i, times[i], reqs[i].tokens())
+            i += 1
+        for tr in ends.pop(step, ()):
+            pod.end_from_outside(tr.request_id, tr.finish)
+        pod.start_step(pod.clock)
+        pod.finish_step()
+        if rec is not None:
+            rec.step(pod)
+
+
+def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes],
+              rec: _Recording | None, hasher) -> None:
+    reqs = trace.requests
+    bs = pods[0].kv.block_size
+    ends: list[tuple[float, int]] = []  # (step end, pod)
+    i = 0
+    while i < len(reqs) or ends:
+        t_arr = reqs[i].arrival_s if i < len(reqs) else math.inf
+        if t_arr <= (ends[0][0] if ends else math.inf):
+            started = set()
+            while i < len(reqs) and reqs[i].arrival_s == t_arr:
+                tr = reqs[i]
+                tokens = tr.tokens()
+                hashes = tuple(hasher.full_blocks(tokens, bs, [])[:(len(tokens) - 1) // bs])
+                k = router.route(Routed(tr.request_id, tokens, hashes), pods)
+                times[i] = RequestTimes(k, t_arr)
+                pods[k].arrive(tr, i, times[i], tokens, hashes)
+                started.add(k)
+                i += 1
+            for k in sorted(started):
+                p = pods[k]
+                if p.in_flight is None and p.busy():
+                    heapq.heappush(ends, (p.start_step(t_arr), k))
+            continue
+        t, k = heapq.heappop(ends)
+        p = pods[k]
+        p.finish_step()
+        _end_outside(p)
+        for rid in p.take_finished():
+            router.finished(k, rid)
+        router.observe(k, *p.take_feed())
+        if rec is not None:
+            rec.step(p)
+        if p.busy():
+            heapq.heappush(ends, (p.start_step(t), k))
+            for rid in p.take_finished():  # stop strings end at the schedule
+                router.finished(k, rid)
+
+
+def _end_outside(p: SimPod) -> None:
+    """Times: a request the engine ended from outside (a stop string, an abort) ends
+    once it sampled what it sampled in the recording."""
+    for rid, live in list(p.live.items()):
+        tr = live.trace
+        if tr.finish in ("stop_string", "abort") and live.request.num_output_tokens >= tr.output_length \
+                and live.times.first_scheduled is not None:
+            p.end_from_outside(rid, tr.finish)

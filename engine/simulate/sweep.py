@@ -1,0 +1,129 @@
+"""``kvscope simulate --sweep``: one trace under every combination of some settings.
+
+``--sweep num_kv_blocks=500,1000,2000 --sweep router=round-robin,precise-prefix`` runs the
+product (here 6 simulations) and gives one row each: the settings, the hit rates (vLLM's,
+reachable, the router's loss), evictions, preemptions and TTFT. ``capacity_figure`` draws
+the capacity curve: hit rate against each pod's KV memory, a line per router (the
+oracle's, dotted, is the reachable one), as a plotly figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+from engine.simulate.simulation import SimConfig, simulate
+
+SWEEPABLE = {"num_kv_blocks": int, "block_size": int, "pods": int, "router": str,
+             "max_num_seqs": int, "max_num_batched_tokens": int}
+
+
+def parse_sweeps(items: list[str]) -> dict[str, list[Any]]:
+    """``name=v1,v2,...`` items into {name: [values]} (an unknown name or value: ValueError)."""
+    out: dict[str, list[Any]] = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if name not in SWEEPABLE or not values:
+            raise ValueError(f"--sweep {item!r}: use NAME=V1,V2,... with NAME one of {', '.join(SWEEPABLE)}")
+        try:
+            out[name] = [SWEEPABLE[name](v) for v in values.split(",")]
+        except ValueError:
+            raise ValueError(f"--sweep {item!r}: {name} takes {SWEEPABLE[name].__name__} values") from None
+    return out
+
+
+def _with(cfg: SimConfig, name: str, value: Any) -> SimConfig:
+    if name == "pods":
+        return dataclasses.replace(cfg, num_pods=value)
+    if name == "router":
+        return dataclasses.replace(cfg, router=value)
+    if name in ("num_kv_blocks", "block_size"):
+        key = "num_blocks" if name == "num_kv_blocks" else name
+        return dataclasses.replace(cfg, cache=dataclasses.replace(cfg.cache, **{key: value}))
+    return dataclasses.replace(cfg, sched=dataclasses.replace(cfg.sched, **{name: value}))
+
+
+def run_sweep(trace, base: SimConfig, sweeps: dict[str, list[Any]], progress=None) -> list[dict[str, Any]]:
+    from engine.simulate.report import summarize
+
+    names = list(sweeps)
+    rows = []
+    for values in itertools.product(*(sweeps[n] for n in names)):
+        cfg = base
+        for n, v in zip(names, values):
+            cfg = _with(cfg, n, v)
+        s = summarize(simulate(trace, cfg))
+        row = dict(zip(names, values))
+        row.update(pods=cfg.num_pods, router=cfg.router, num_kv_blocks=cfg.cache.num_blocks,
+                   block_size=cfg.cache.block_size,
+                   prefix_cache_hit_rate=s["prefix_cache_hit_rate"], reachable_hit_rate=s["reachable_hit_rate"],
+                   router_loss=s["router_loss"], num_blocks_evicted=s["num_blocks_evicted"],
+                   num_preemptions=s["num_preemptions"], ttft_p50_s=s["ttft_s"]["p50"],
+                   ttft_p99_s=s["ttft_s"]["p99"], num_steps=s["num_steps"])
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    cols = ("pods", "router", "num_kv_blocks", "block_size", "prefix_cache_hit_rate", "reachable_hit_rate",
+            "router_loss", "num_blocks_evicted", "num_preemptions", "ttft_p50_s")
+    head = ("pods", "router", "blocks", "bs", "hit rate", "reachable", "loss", "evicted", "preempt", "TTFT p50")
+
+    def cell(v: Any, c: str) -> str:
+        if v is None:
+            return "-"
+        if c.endswith("rate") or c == "router_loss":
+            return f"{100 * v:.1f}%"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    table = [head] + [tuple(cell(r[c], c) for c in cols) for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(len(cols))]
+    return "\n".join("  ".join(t[i].rjust(widths[i]) for i in range(len(cols))) for t in table)
+
+
+def capacity_figure(rows: list[dict[str, Any]], bytes_per_block: int | None = None):
+    """Hit rate against each pod's KV memory (blocks, or MiB with ``bytes_per_block``),
+    a line per router (the oracle's is what was reachable)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    scale = (bytes_per_block / 2**20) if bytes_per_block else 1
+    top = 0.0
+    for router in dict.fromkeys(r["router"] for r in rows):
+        mine = sorted((r for r in rows if r["router"] == router), key=lambda r: r["num_kv_blocks"])
+        y = [100 * (r["prefix_cache_hit_rate"] or 0) for r in mine]
+        top = max([top] + y)
+        fig.add_trace(go.Scatter(x=[r["num_kv_blocks"] * scale for r in mine], y=y,
+                                 mode="lines+markers", name=router,
+                                 line={"dash": "dot"} if router == "oracle" else None))
+    pods = rows[0]["pods"] if rows else 1
+    fig.update_layout(title=f"Prefix-cache hit rate against KV memory per pod ({pods} pods)",
+                      xaxis_title="KV memory per pod (MiB)" if bytes_per_block else "KV blocks per pod",
+                      yaxis_title="hit rate (%)", yaxis_range=[0, min(100, top * 1.15 + 1)],
+                      template="plotly_white")
+    return fig
+
+
+def figure_png(fig, path: str, width: int = 900, height: int = 500) -> None:
+    """Draw ``fig`` to a PNG in headless Chromium (playwright, with Debian's /usr/bin/chromium
+    where it is, the browser the dashboard's tests use): no kaleido needed."""
+    import os
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    html = os.path.join(tempfile.mkdtemp(), "figure.html")
+    fig.update_layout(width=width, height=height)
+    fig.write_html(html, include_plotlyjs=True, full_html=True)
+    exe = "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": width + 40, "height": height + 40})
+        page.goto(f"file://{html}")
+        page.wait_for_selector(".main-svg")
+        page.locator(".plotly-graph-div").screenshot(path=path)
+        browser.close()

@@ -1,0 +1,93 @@
+"""``kvscope simulate`` as a user runs it: the shipped trace, a fleet, --json, --record."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from engine.cli import main
+from engine.store.runs import RunStore
+from tests.simulate.test_traces import SHIPPED
+
+COST = ["--step-cost", "0.005,0.00002,0.0005,0.0000001"]
+
+
+def test_a_fleet_run_prints_vllm_counters_overall_and_per_pod(capsys):
+    rc = main(["simulate", str(SHIPPED), "--pods", "4", "--router", "precise-prefix",
+               "--num-kv-blocks", "1200", "--max-num-batched-tokens", "2048", "--json", *COST])
+    assert rc == 0
+    s = json.loads(capsys.readouterr().out)
+    for key in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_blocks_stored",
+                "num_blocks_evicted", "reachable_hit_rate", "achieved_hit_rate", "router_loss", "ttft_s"):
+        assert key in s
+    assert s["num_requests"] == 300 and len(s["pods"]) == 4
+    assert sum(p["num_requests"] for p in s["pods"]) == 300
+    assert sum(p["prefix_cache_hits"] for p in s["pods"]) == s["prefix_cache_hits"]
+    assert s["prefix_cache_queries"] == s["prompt_tokens"]  # nothing preempted: every lookup a first one
+    assert 0 < s["prefix_cache_hits"] and s["achieved_hit_rate"] <= s["reachable_hit_rate"] + 1e-9
+    assert s["achieved_hit_rate"] == s["prefix_cache_hits"] / s["prefix_cache_queries"]
+
+
+def test_routers_rank_as_they_should_on_the_shipped_trace(capsys):
+    rates = {}
+    for router in ("round-robin", "precise-prefix", "oracle"):
+        main(["simulate", str(SHIPPED), "--pods", "4", "--router", router, "--num-kv-blocks", "1200",
+              "--max-num-batched-tokens", "2048", "--json", *COST])
+        rates[router] = json.loads(capsys.readouterr().out)["prefix_cache_hit_rate"]
+    assert rates["round-robin"] < rates["precise-prefix"] <= rates["oracle"] + 0.01
+
+
+def test_recorded_pods_are_simulated_runs_that_replay_to_the_pods_true_state(tmp_path, capsys):
+    from engine.core import CacheConfig, SchedulerConfig
+    from engine.simulate.cost import StepCost
+    from engine.simulate.simulation import SimConfig, simulate
+    from engine.simulate.trace import read_jsonl
+    from engine.store.recorder import Recorder
+
+    db = str(tmp_path / "runs.sqlite")
+    trace = read_jsonl(SHIPPED)
+    trace = dataclasses.replace(trace, requests=trace.requests[:60])
+    cfg = SimConfig(2, "round-robin", SchedulerConfig(max_model_len=16384, max_num_batched_tokens=1024),
+                    CacheConfig(block_size=16, num_blocks=1100), StepCost(0.005, 2e-5, 5e-4, 0.0))
+    rec = Recorder(db)
+    result = simulate(trace, cfg, recorder=rec, label="t")
+    rec.close()
+    store = RunStore(db)
+    runs = {r["id"]: r for r in store.list_runs()}
+    assert set(result.run_ids) == set(runs) and all(runs[r]["kind"] == "simulated" for r in runs)
+    for pod, rid in zip(result.pods, result.run_ids):
+        state = store.state_at(rid)
+        truth = pod.scheduler.snapshot()
+        assert dataclasses.replace(state.to_snapshot(), step=truth.step) == truth
+        assert len(store.load_requests(rid)) == sum(1 for t in result.requests if t.pod == pod.index)
+    assert main(["runs", "--db", db]) == 0
+    assert "t pod 0/2" in capsys.readouterr().out
+
+
+def test_bad_settings_are_one_clear_line(capsys, tmp_path):
+    assert main(["simulate", str(SHIPPED), "--num-kv-blocks", "10", *COST]) == 1
+    assert "max_model_len" in capsys.readouterr().err
+    assert main(["simulate", str(tmp_path / "missing.jsonl"), "--num-kv-blocks", "10",
+                 "--db", str(tmp_path / "x.sqlite"), *COST]) == 1
+    assert "neither a trace file nor a recorded run" in capsys.readouterr().err
+    assert main(["simulate", str(SHIPPED), *COST]) == 1
+    assert "--num-kv-blocks" in capsys.readouterr().err
+    assert main(["simulate", str(SHIPPED), "--num-kv-blocks", "2000", "--sweep", "colour=1,2", *COST]) == 1
+    assert "NAME one of" in capsys.readouterr().err
+
+
+def test_a_sweep_prints_a_row_per_combination_and_draws_the_capacity_curve(tmp_path, capsys):
+    fig = tmp_path / "cap.json"
+    rc = main(["simulate", str(SHIPPED), "--pods", "2", "--num-kv-blocks", "1100",
+               "--max-num-batched-tokens", "2048", "--sweep", "num_kv_blocks=1100,3000",
+               "--sweep", "router=round-robin,oracle", "--json", "--figure", str(fig), *COST])
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["num_kv_blocks"], r["router"]) for r in rows] == [
+        (1100, "round-robin"), (1100, "oracle"), (3000, "round-robin"), (3000, "oracle")]
+    by = {(r["num_kv_blocks"], r["router"]): r["prefix_cache_hit_rate"] for r in rows}
+    assert by[(3000, "oracle")] >= by[(1100, "oracle")] and by[(3000, "oracle")] >= by[(3000, "round-robin")]
+    figure = json.loads(fig.read_text())
+    names = [t["name"] for t in figure["data"]]
+    assert names == ["round-robin", "oracle"]
+    assert figure["data"][1]["y"] == [100 * by[(1100, "oracle")], 100 * by[(3000, "oracle")]]

@@ -1,0 +1,110 @@
+"""The trace readers: JSONL, Mooncake's format (hash ids made into tokens), errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.simulate.mooncake import Shape, calibrate, generate, stats
+from engine.simulate.trace import (
+    MOONCAKE_BLOCK, TraceError, mix, mooncake_tokens, read_jsonl, read_mooncake,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "data" / "traces" / "mooncake_conversation_300.jsonl"
+
+
+def _write(tmp_path, lines) -> Path:
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return p
+
+
+def test_mooncake_equal_hash_ids_give_equal_tokens_and_the_core_hashes_share_them():
+    from engine.core.hashing import get_hasher
+
+    a = mooncake_tokens([7, 8, 9], 1300)
+    b = mooncake_tokens([7, 8, 10], 1100)
+    assert len(a) == 1300 and len(b) == 1100
+    assert a[:1024] == b[:1024] and a[1024:1100] != b[1024:1100]
+    assert a[:512] == [1 + mix(7, i) % 31999 for i in range(512)]  # the stated mapping
+    h = get_hasher("sha256")
+    ha, hb = h.full_blocks(a, 16, []), h.full_blocks(b, 16, [])
+    assert ha[:64] == hb[:64] and ha[64] != hb[64]  # 2 x 512 tokens shared = 64 blocks of 16
+
+
+def test_mooncake_partial_last_block_is_the_start_of_that_id_s_block():
+    assert mooncake_tokens([5, 6], 600)[512:] == mooncake_tokens([6], 512)[:88]
+
+
+def test_read_mooncake_orders_by_time_and_keeps_hash_ids(tmp_path):
+    p = _write(tmp_path, [{"timestamp": 900, "input_length": 10, "output_length": 3, "hash_ids": [1]},
+                          {"timestamp": 100, "input_length": 513, "output_length": 0, "hash_ids": [1, 2]}])
+    t = read_mooncake(p)
+    assert [r.arrival_s for r in t.requests] == [0.1, 0.9]
+    assert t.requests[0].num_prompt_tokens == 513 and t.requests[0].output_length == 1  # 0 -> 1
+    assert t.requests[0].tokens()[:10] == t.requests[1].tokens()
+    assert read_jsonl(p).requests == t.requests  # recognised by its fields
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "not JSON"),
+    ({"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [1]}, "need 2"),
+    ({"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": ["x"]}, "list of integers"),
+    ({"timestamp": -1, "input_length": 5, "output_length": 2, "hash_ids": [1]}, "milliseconds"),
+])
+def test_bad_mooncake_lines_name_the_line_and_field(tmp_path, line, message):
+    good = {"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [1]}
+    p = _write(tmp_path, [good, line])
+    with pytest.raises(TraceError, match=message) as e:
+        read_mooncake(p)
+    assert ":2:" in str(e.value)
+
+
+def test_jsonl_requests_with_token_ids_and_prompts(tmp_path):
+    from tests.tiny_models import tiny_model_dir
+
+    p = _write(tmp_path, [{"timestamp_ms": 50, "token_ids": [5, 6, 7], "max_tokens": 4},
+                          {"timestamp_ms": 0, "prompt": "hello there", "output_length": 2, "client": "c1"}])
+    with pytest.raises(TraceError, match="needs a tokenizer"):
+        read_jsonl(p)
+    d = str(tiny_model_dir("llama"))
+    t = read_jsonl(p, d)
+    from engine.tokenizer import Tokenizer
+
+    assert t.requests[0].prompt_token_ids == tuple(Tokenizer(d).encode("hello there"))
+    assert t.requests[0].client == "c1" and t.requests[1].output_length == 4
+
+
+@pytest.mark.parametrize("obj, message", [
+    ({"token_ids": []}, "non-empty"), ({"token_ids": [1, -2], "max_tokens": 1}, "integers >= 0"),
+    ({"token_ids": [1]}, "'max_tokens' must be an integer >= 1"), ({"text": "x"}, "needs 'token_ids'"),
+])
+def test_bad_jsonl_requests(tmp_path, obj, message):
+    with pytest.raises(TraceError, match=message):
+        read_jsonl(_write(tmp_path, [obj]))
+
+
+def test_the_shipped_trace_is_what_the_generator_makes():
+    """data/traces/mooncake_conversation_300.jsonl: regenerated from its stated command."""
+    shape = calibrate(Shape(num_requests=300, duration_s=300, mean_input=3000, mean_output=64), 0.37)
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in generate(shape))
+    assert SHIPPED.read_text() == text
+    s = stats(generate(shape))
+    assert s["requests"] == 300 and abs(s["mean_input"] - 3000) < 150
+    assert 0.30 < s["reusable_block_share"] < 0.44
+
+
+def test_generated_conversations_resend_their_history(tmp_path):
+    recs = generate(Shape(num_requests=400, mean_turns=3.0, mean_input=4000, seed=3))
+    assert len(read_mooncake(_write(tmp_path, recs)).requests) == 400  # every record well formed
+    by_prefix = 0
+    for i, r in enumerate(recs):
+        for q in recs[:i]:
+            k = q["input_length"] // MOONCAKE_BLOCK
+            if k and r["hash_ids"][:k] == q["hash_ids"][:k] and r["input_length"] > q["input_length"]:
+                by_prefix += 1
+                break
+    assert by_prefix > 100  # later turns start with an earlier turn's whole blocks
