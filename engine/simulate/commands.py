@@ -1,7 +1,8 @@
 """``kvscope simulate TRACE``: the real core on a request trace, one pod or a fleet.
 
-TRACE is a JSONL file (kvscope's request format or Mooncake's), or a recorded engine run
-(``run:ID``, or the bare id). Settings default to the run's when the trace is a run, else
+TRACE is a JSONL file (kvscope's request format or Mooncake's), or a recorded run
+(``run:ID``, or the bare id): an engine run replays its requests, an attached run gives
+the requests its pods' BlockStored chains show (a lower bound). Settings default to the run's when the trace is a run, else
 to the engine's defaults; ``--num-kv-blocks`` (or ``--kv-cache-memory`` with the bytes a
 block takes) sizes each pod's pool. Torch-free: no model is loaded.
 """
@@ -22,7 +23,7 @@ SETTINGS = ("block_size", "num_kv_blocks", "kv_cache_memory", "max_num_seqs", "m
 
 
 def load_trace(spec: str, db: str | None, tokenizer: str | None):
-    from engine.simulate.trace import read_engine_run, read_jsonl
+    from engine.simulate.trace import read_jsonl, read_run
 
     path = Path(spec)
     if path.is_file():
@@ -31,7 +32,7 @@ def load_trace(spec: str, db: str | None, tokenizer: str | None):
 
     run_id = spec.removeprefix("run:")
     try:
-        return read_engine_run(RunStore(db), run_id)
+        return read_run(RunStore(db), run_id)
     except UnknownRunError:
         raise ValueError(f"{spec!r} is neither a trace file nor a recorded run") from None
 
@@ -159,7 +160,7 @@ def add_simulate_subcommands(subparsers: Any) -> None:
     p = subparsers.add_parser("simulate", help="what-if: the real scheduler and KV cache on a request "
                               "trace (no model), one pod or a fleet behind a router")
     p.add_argument("trace", help="a JSONL trace (kvscope's or Mooncake's format), or a recorded "
-                   "engine run (run:ID)")
+                   "run (run:ID): an engine run, or an attached run's BlockStored chains")
     p.add_argument("--pods", type=int, default=1)
     p.add_argument("--router", default="round-robin", choices=list(ROUTERS))
     p.add_argument("--num-kv-blocks", type=int, default=None, help="each pod's pool, in blocks")

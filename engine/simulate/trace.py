@@ -207,6 +207,64 @@ def read_jsonl(path: Path, tokenizer_dir: str | None = None) -> Trace:
     return Trace(_sorted(reqs), f"jsonl:{path}", {})
 
 
+ATTACHED_NOTE = ("rebuilt from the pods' BlockStored chains: a lower bound. A request that "
+                 "hit every block it needed stored nothing and is missing; a batch extending the "
+                 "last block of an earlier one is taken for that request's next chunk; outputs "
+                 "are one token; a chain stored before the attach starts where the stream does")
+
+
+def read_attached_run(store: Any, run_id: str) -> Trace:
+    """An attached run's requests, rebuilt from its ``kv_block_stored`` events: each batch
+    is a request whose prompt is its chain's known tokens from the root (``ATTACHED_NOTE``
+    says what this cannot see)."""
+    run = store.get_run(run_id)
+    tokens_of: dict[str, tuple[int, ...]] = {}
+    parent_of: dict[str, str | None] = {}
+    tips: dict[tuple[str, str], list] = {}  # (pod, last hash) -> [arrival, hashes, pod]
+    reqs: list[list] = []
+    block_size = None
+    t0 = None
+    for rec in store.load_steps(run_id):
+        for e in rec.events:
+            if e.type != "kv_block_stored" or not e.block_hashes:
+                continue
+            t0 = e.ts if t0 is None else t0
+            if block_size not in (None, e.block_size):
+                raise TraceError(f"run {run_id}: blocks of {block_size} and {e.block_size} tokens")
+            block_size = e.block_size
+            for i, h in enumerate(e.block_hashes):
+                tokens_of[h] = e.block_tokens(i)
+                parent_of[h] = e.parent_hash if i == 0 else e.block_hashes[i - 1]
+            key = (e.pod, e.parent_hash)
+            if e.parent_hash is not None and key in tips:  # the same request's next chunk
+                r = tips.pop(key)
+                r[1].extend(e.block_hashes)
+            else:
+                chain: list[str] = []
+                h = e.parent_hash
+                while h is not None and h in tokens_of and len(chain) < 1 << 16:
+                    chain.append(h)
+                    h = parent_of[h]
+                r = [e.ts - t0, chain[::-1] + list(e.block_hashes), e.pod]
+                reqs.append(r)
+            tips[(e.pod, e.block_hashes[-1])] = r
+    if not reqs:
+        raise TraceError(f"run {run_id} holds no BlockStored events to rebuild requests from")
+    out = [TraceRequest(f"{pod}/{i}", max(0.0, ts), tuple(t for h in hashes for t in tokens_of[h]) + (0,), 1,
+                        client=pod)
+           for i, (ts, hashes, pod) in enumerate(reqs)]
+    out.sort(key=lambda r: r.arrival_s)
+    return Trace(tuple(out), f"attached:{run_id}", {"block_size": block_size}, (ATTACHED_NOTE,))
+
+
+def read_run(store: Any, run_id: str) -> Trace:
+    """A recorded run of either kind."""
+    kind = store.get_run(run_id).get("kind") or "engine"
+    if kind == "attached":
+        return read_attached_run(store, run_id)
+    return read_engine_run(store, run_id)
+
+
 def read_engine_run(store: Any, run_id: str) -> Trace:
     """An engine run's requests, from its events: ``request_arrived`` (the prompt, and the
     step it was entered before), ``request_progress`` (the sampled tokens, and the step of

@@ -108,3 +108,38 @@ def test_generated_conversations_resend_their_history(tmp_path):
                 by_prefix += 1
                 break
     assert by_prefix > 100  # later turns start with an earlier turn's whole blocks
+
+
+def test_an_attached_run_becomes_the_requests_its_block_stored_chains_show(tmp_path):
+    """Batch 2 extends batch 1's last block: the same request's next chunk. Batch 3 hangs
+    off batch 1's first block: a new request, whose prompt is its chain from the root.
+    Simulated, the third hits the shared block; the report says the trace is a lower bound."""
+    from engine.core import CacheConfig, SchedulerConfig
+    from engine.events.schema.step import StepRecord
+    from engine.events.schema.types import KVBlockStored
+    from engine.simulate.cost import StepCost
+    from engine.simulate.report import summarize
+    from engine.simulate.simulation import SimConfig, simulate
+    from engine.simulate.trace import ATTACHED_NOTE, read_run
+    from engine.store.recorder import Recorder
+    from engine.store.runs import RunStore
+
+    bs = 4
+    blk = lambda k: tuple(range(10 * k, 10 * k + bs))  # noqa: E731
+    events = [KVBlockStored(0, "pod-a", ("h1", "h2"), None, blk(1) + blk(2), bs, 100.0),
+              KVBlockStored(0, "pod-a", ("h3",), "h2", blk(3), bs, 100.5),
+              KVBlockStored(0, "pod-a", ("h9",), "h1", blk(9), bs, 102.0)]
+    db = str(tmp_path / "runs.sqlite")
+    rec = Recorder(db)
+    rid = rec.start_run({"pods": [{"pod": "pod-a"}]}, label="attached", kind="attached")
+    for i, e in enumerate(events):
+        rec.record_step(StepRecord(i, 0, e.ts, [e], {}), rid)
+    rec.close()
+    trace = read_run(RunStore(db), rid)
+    assert trace.notes == (ATTACHED_NOTE,) and trace.config == {"block_size": bs}
+    assert [r.prompt_token_ids for r in trace.requests] == [blk(1) + blk(2) + blk(3) + (0,), blk(1) + blk(9) + (0,)]
+    assert [r.arrival_s for r in trace.requests] == [0.0, 2.0]
+    cfg = SimConfig(1, "round-robin", SchedulerConfig(max_model_len=64, max_num_batched_tokens=64),
+                    CacheConfig(block_size=bs, num_blocks=32), StepCost(0.01, 0.0, 0.0, 0.0))
+    s = summarize(simulate(trace, cfg))
+    assert s["prefix_cache_hits"] == bs and s["notes"] == [ATTACHED_NOTE]
