@@ -10,7 +10,7 @@ from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
 from engine.core.event_log import EventLog
 from engine.core.kv_cache_manager import KVCacheManager, PrefixMatch
 from engine.core.model_runner_output import ModelRunnerOutput, SampledToken
-from engine.core.request import Request, RequestStatus, TokenView, child_request_id
+from engine.core.request import Request, RequestStatus, child_request_id
 from engine.core.sampling_params import SamplingParams, is_greedy
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
@@ -20,6 +20,6 @@ __all__ = [
     "EventLog", "FreeBlockQueue", "KVCacheManager", "KVCacheTooSmallError", "KVScopeError",
     "ModelRunnerOutput", "NewRequestData", "PrefixMatch", "PromptTooLongError", "QueueFullError",
     "Request", "RequestStatus", "SampledToken", "SamplingParams", "SamplingParamsError",
-    "ScheduledRequest", "Scheduler", "SchedulerConfig", "SchedulerOutput", "TokenView",
+    "ScheduledRequest", "Scheduler", "SchedulerConfig", "SchedulerOutput",
     "check_capacity", "child_request_id", "is_greedy",
 ]

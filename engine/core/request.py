@@ -2,13 +2,11 @@
 
 Writer: the Scheduler owns status, counters and the token lists (it appends sampled
 tokens through ``append_output_token``, the only mutator); the KVCacheManager owns
-the request's block table (kept in the manager, not here). Everyone else reads:
-the output processor holds ``output_token_ids``, a read-only live view.
+the request's block table (kept in the manager, not here). Everyone else reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.core.sampling_params import SEED_LIMIT, SamplingParams
@@ -24,40 +22,6 @@ def child_request_id(parent_id: str, sample_index: int) -> str:
     identity is ``Request.parent_id`` and ``Request.sample_index``. Unique because
     user request ids may not contain '#' (``engine.core.ids`` refuses them)."""
     return f"{parent_id}#{sample_index}"
-
-
-class TokenView(Sequence[int]):
-    """A read-only live view of a list of token ids (vLLM's ConstantList).
-
-    O(1) to make, so a per-step output can carry a request's tokens without copying
-    them; it compares equal to a list or tuple with the same ids. Slicing gives a list.
-    """
-
-    __slots__ = ("_ids",)
-
-    def __init__(self, ids: list[int]) -> None:
-        self._ids = ids
-
-    def __getitem__(self, i):
-        return self._ids[i]
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def __iter__(self):
-        return iter(self._ids)
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, TokenView):
-            other = other._ids
-        if isinstance(other, tuple):
-            other = list(other)
-        return self._ids == other
-
-    __hash__ = None  # live, so unhashable like the list it views
-
-    def __repr__(self) -> str:
-        return repr(self._ids)
 
 
 @dataclass(slots=True, eq=False)
@@ -89,18 +53,14 @@ class Request:
     num_preemptions: int = 0
     forked: bool = False
     stop_token: int | None = None
-    _output_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
-        if not self._output_token_ids:
-            self._output_token_ids = self.token_ids[len(self.prompt_token_ids):]
 
     def append_output_token(self, token_id: int) -> None:
         """Add one sampled token (the Scheduler's call; the only way tokens grow)."""
         self.token_ids.append(token_id)
-        self._output_token_ids.append(token_id)
 
     @property
     def num_tokens(self) -> int:
@@ -112,12 +72,12 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self._output_token_ids)
+        return len(self.token_ids) - len(self.prompt_token_ids)
 
     @property
-    def output_token_ids(self) -> TokenView:
-        """The generated tokens, read-only and live (O(1))."""
-        return TokenView(self._output_token_ids)
+    def output_token_ids(self) -> list[int]:
+        """The generated tokens (a copy)."""
+        return self.token_ids[len(self.prompt_token_ids):]
 
     @property
     def sort_key(self) -> tuple[int, int]:
@@ -146,5 +106,4 @@ class Request:
             num_computed_tokens=self.num_computed_tokens,
             num_cached_tokens=self.num_cached_tokens,
             forked=True,
-            _output_token_ids=list(self._output_token_ids),
         )
