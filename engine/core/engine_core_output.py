@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.model_runner_output import SampledToken
+from engine.core.model_runner_output import PromptTokenLogprob, SampledToken
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +21,8 @@ class EngineCoreOutput:
     made crosses: the output processor keeps each sample's tokens). ``finish_reason`` ("length" | "stop") and ``stop_token`` are set
     when the core finished it this step. ``num_cached_tokens`` is the prefix-cache
     hit of the latest admission; ``num_recomputed_tokens`` the tokens computed again
-    after preemptions so far.
+    after preemptions so far. ``prompt_logprobs``: the prompt tokens' logprobs the
+    step computed (only for a request that asks: None crosses otherwise), in order.
     """
 
     request_id: str
@@ -33,6 +34,7 @@ class EngineCoreOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_recomputed_tokens: int = 0
+    prompt_logprobs: list[PromptTokenLogprob] | None = None
 
     @property
     def user_request_id(self) -> str:

@@ -90,6 +90,7 @@ class Request:
     num_preemptions: int = 0
     num_lost_tokens: int = 0  # computed tokens the latest preemption dropped
     num_recomputed_tokens: int = 0
+    num_prompt_logprobs: int = 0  # prompt positions whose next-token logprob was reported
     forked: bool = False
     stop_token: int | None = None
     _output_token_ids: list[int] = field(default_factory=list)
