@@ -14,6 +14,11 @@ from tests.engine.hf_greedy import hf_model
 PROMPT = list(range(40, 58))  # 18 tokens, block 4: a partial last block
 
 
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    return LLM(model=tiny_llama, block_size=4, num_kv_blocks=128, max_model_len=96)
+
+
 def _hf_logprobs(path: str, ids: list[int]) -> torch.Tensor:
     with torch.inference_mode():
         logits = hf_model(path)(torch.tensor([ids])).logits[0].float()
@@ -34,7 +39,7 @@ def _check_against_hf(path, ids, plp, n):
 
 
 def test_prompt_logprobs_equal_a_full_forward_chunked_or_not_and_skip_the_prefix_cache(tiny_llama):
-    whole = LLM(model=tiny_llama, block_size=4, num_kv_blocks=128, max_model_len=96)
+    whole = LLM(model=tiny_llama, block_size=4, num_kv_blocks=128, max_model_len=96)  # a cold cache
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3)
     first = whole.generate([PROMPT], params)[0]
     _check_against_hf(tiny_llama, PROMPT, first.prompt_logprobs, 3)
@@ -56,22 +61,19 @@ def test_prompt_logprobs_equal_a_full_forward_chunked_or_not_and_skip_the_prefix
     assert out.outputs[0].token_ids == first.outputs[0].token_ids
 
 
-def test_prompt_logprobs_zero_gives_each_prompt_token_alone(tiny_llama):
-    llm = LLM(model=tiny_llama, block_size=4, num_kv_blocks=128, max_model_len=96)
+def test_prompt_logprobs_zero_gives_each_prompt_token_alone(llm, tiny_llama):
     out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0))[0]
     assert len(out.prompt_logprobs) == len(PROMPT)
     assert all(e.top_logprobs == () for e in out.prompt_logprobs[1:])
 
 
-def test_prompt_logprobs_with_n_come_once_from_the_request(tiny_llama):
-    llm = LLM(model=tiny_llama, block_size=4, num_kv_blocks=128, max_model_len=96)
+def test_prompt_logprobs_with_n_come_once_from_the_request(llm, tiny_llama):
     out = llm.generate([PROMPT], SamplingParams(temperature=1.0, n=3, seed=1, max_tokens=3,
                                                 prompt_logprobs=1))[0]
     assert len(out.prompt_logprobs) == len(PROMPT) and len(out.outputs) == 3
 
 
-def test_allowed_token_ids_restrict_the_sample_and_logit_bias_moves_it(tiny_llama):
-    llm = LLM(model=tiny_llama, block_size=4, num_kv_blocks=128, max_model_len=96)
+def test_allowed_token_ids_restrict_the_sample_and_logit_bias_moves_it(llm, tiny_llama):
     allowed = [7, 11, 13]
     out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=1, logprobs=0,
                                                 allowed_token_ids=allowed))[0].outputs[0]
@@ -92,8 +94,7 @@ def test_allowed_token_ids_restrict_the_sample_and_logit_bias_moves_it(tiny_llam
 
 @pytest.mark.parametrize("field, value", [("stop_token_ids", [10**6]), ("allowed_token_ids", [10**6]),
                                           ("logit_bias", {10**6: 1.0})])
-def test_out_of_vocab_token_ids_are_refused(tiny_llama, field, value):
-    llm = LLM(model=tiny_llama, block_size=4, num_kv_blocks=128, max_model_len=96)
+def test_out_of_vocab_token_ids_are_refused(llm, field, value):
     with pytest.raises(SamplingParamsError, match=f"^{field} contain out-of-vocab token ids"):
         llm.engine.add_request(PROMPT, SamplingParams(max_tokens=1, **{field: value}))
     assert not llm.engine.has_unfinished_requests()
