@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from engine.config import EngineConfig
-from engine.core import KVScopeError, SamplingParams, SamplingParamsError
+from engine.core import KVScopeError, SamplingParams
 from engine.core.ids import check_request_id
 from engine.engine_core.client import ProcessClient, make_client
 from engine.engine_core.core import EngineCore
@@ -137,9 +137,7 @@ class LLMEngine:
         rid = check_request_id(request_id) if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.output_processor.requests:
             raise KVScopeError(f"request id {rid!r} is already in use")
-        vocab = self.info.vocab_size
-        if params.top_k > vocab:
-            raise SamplingParamsError(f"top_k must be at most the vocabulary size ({vocab}), got {params.top_k}")
+        params.check_vocab(self.info.vocab_size)
         state = self.output_processor.new_request(rid, text, ids, params, time.time())
         seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         # the core checks length, queue bound and id before it changes anything; with

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from engine.core.model_runner_output import PromptTokenLogprob
+
 
 @dataclass(slots=True)
 class CompletionOutput:
@@ -55,6 +57,9 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     # per sample index: text / tokens added since the previous RequestOutput
     deltas: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
+    # with SamplingParams.prompt_logprobs: one entry per prompt token, None for the first
+    # (nothing precedes it), as vLLM's; complete once the first token is out
+    prompt_logprobs: list[PromptTokenLogprob | None] | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -67,6 +67,21 @@ class Tokenizer:
         return rendered[0]
 
 
+def developer_as_system(messages: list[dict], template: str) -> list[dict]:
+    """OpenAI's ``developer`` role for a template that does not name it: vLLM's rule
+    (``vllm/renderers/hf.py``): developer messages become system ones, and several
+    system messages, or one not first, merge into one at the front ("\n\n" between)."""
+    if not any(m.get("role") == "developer" for m in messages) or \
+            '"developer"' in template or "'developer'" in template:
+        return messages
+    msgs = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+    system = [i for i, m in enumerate(msgs) if m["role"] == "system"]
+    if system == [0] or not system:
+        return msgs
+    merged = "\n\n".join(msgs[i]["content"] for i in system if msgs[i]["content"])
+    return [{"role": "system", "content": merged}] + [m for m in msgs if m["role"] != "system"]
+
+
 def tokenize_prompt(tokenizer: Any, vocab_size: int, prompt: str | list[int] | None = None,
                     messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
     """(text, token ids) of a chat (rendered with the template, then encoded without
@@ -74,6 +89,7 @@ def tokenize_prompt(tokenizer: Any, vocab_size: int, prompt: str | list[int] | N
     against the vocabulary; text None). The one tokenizing rule: the engine's and every
     front door's (``engine.server.worker.prompt_prep``)."""
     if messages is not None:
+        messages = developer_as_system(messages, getattr(tokenizer, "chat_template", None) or "")
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return text, tokenizer.encode(text, add_special_tokens=False)
     if isinstance(prompt, str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.model_runner_output import SampledToken
+from engine.core.model_runner_output import PromptTokenLogprob, SampledToken
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +22,8 @@ class EngineCoreOutput:
     when the core finished it this step. ``num_cached_tokens`` is the prefix-cache
     hit of the latest admission; ``num_preemptions`` how often the request was
     preempted so far (vLLM's ``request.num_preemptions``, for
-    ``vllm:request_num_preemptions``).
+    ``vllm:request_num_preemptions``). ``prompt_logprobs``: the prompt tokens' logprobs the
+    step computed (only for a request that asks: None crosses otherwise), in order.
     """
 
     request_id: str
@@ -34,6 +35,7 @@ class EngineCoreOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    prompt_logprobs: list[PromptTokenLogprob] | None = None
 
     @property
     def user_request_id(self) -> str:

@@ -70,7 +70,9 @@ class KVCacheManager:
         """Longest cached run of full blocks, never covering the last token."""
         n, bs = req.num_tokens, self.block_size
         resumed = req.num_preemptions > 0  # as vLLM's PrefixCacheStats.record(preempted=)
-        if not self.config.enable_prefix_caching:
+        # vLLM reads no hit for a request that wants prompt logprobs (it needs every
+        # prompt position's logits: ``skip_reading_prefix_cache``) and counts no query
+        if not self.config.enable_prefix_caching or req.params.prompt_logprobs is not None:
             return PrefixMatch(num_query_tokens=n, miss_disabled=n, resumed=resumed)
         hashes = self.hasher.full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
         max_blocks = (n - 1) // bs  # the last token's logits are needed

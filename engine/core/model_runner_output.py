@@ -19,7 +19,21 @@ class SampledToken:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptTokenLogprob:
+    """One prompt token's logprob given the tokens before it (vLLM's prompt logprobs):
+    its ``rank`` in that distribution (1 = most likely) and the top alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
-    """``sampled[rid]``: the token sampled for each id in the step's ``sample_ids``."""
+    """``sampled[rid]``: the token sampled for each id in the step's ``sample_ids``;
+    ``prompt_logprobs[rid]``: the prompt tokens' logprobs this step's chunk computed,
+    for requests that ask (``ScheduledRequest.prompt_logprob_targets``)."""
 
     sampled: dict[str, SampledToken] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[PromptTokenLogprob]] = field(default_factory=dict)

@@ -51,6 +51,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    num_prompt_logprobs: int = 0  # prompt positions whose next-token logprob was reported
     forked: bool = False
     stop_token: int | None = None
 

@@ -5,6 +5,7 @@ Also the one definition of "greedy" (``is_greedy``): the sampler asks it too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from engine.core.errors import SamplingParamsError
@@ -17,6 +18,7 @@ SEED_LIMIT = 1 << 64  # seeds feed a 64-bit generator: [0, 2**64)
 # seed s to s + 2**64; accepted here and stored that way, so both ends agree.
 SEED_MIN = -(1 << 63)
 MAX_N = 128  # samples per request; OpenAI's limit for n
+MAX_LOGPROBS = 20  # alternatives per token (vLLM's default --max-logprobs)
 MAX_TOKENS_LIMIT = 1 << 20  # above any max_model_len one kvscope machine holds; bounds every count
 
 
@@ -62,6 +64,11 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # vLLM's: the logprob of every prompt token after the first (and the top n), from the
+    # prefill's logits; a request asking for them computes its whole prompt (no prefix hit)
+    prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None  # sample only among these (the rest masked)
+    logit_bias: dict[int, float] | None = None  # added to the logits before sampling
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -73,6 +80,17 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, (list, tuple)):
+            raise SamplingParamsError(f"allowed_token_ids must be a list, got {self.allowed_token_ids!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise SamplingParamsError(f"logit_bias must be a map of token id to bias, got "
+                                          f"{self.logit_bias!r}")
+            try:  # JSON has string keys: {"50256": -100}
+                self.logit_bias = {int(k): v for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError):
+                raise SamplingParamsError(f"logit_bias keys must be token ids, got "
+                                          f"{list(self.logit_bias)!r}") from None
         checks = [
             (_is_int(self.n) and 1 <= self.n <= MAX_N, f"n must be an integer in [1, {MAX_N}], got {self.n!r}"),
             (_is_num(self.temperature) and self.temperature >= 0,
@@ -92,8 +110,18 @@ class SamplingParams:
             (all(isinstance(s, str) and s for s in self.stop), "stop must be a list of non-empty strings"),
             (all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids must be a list of non-negative integers"),
-            (self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
-             f"logprobs must be an integer in [0, 20] or None, got {self.logprobs!r}"),
+            (self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+             f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}"),
+            (self.prompt_logprobs is None or (_is_int(self.prompt_logprobs)
+                                              and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+             f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got "
+             f"{self.prompt_logprobs!r}"),
+            (self.allowed_token_ids is None or (self.allowed_token_ids and all(
+                _is_int(t) and t >= 0 for t in self.allowed_token_ids)),
+             "allowed_token_ids must be a non-empty list of non-negative integers"),
+            (self.logit_bias is None or all(
+                k >= 0 and _is_num(v) and math.isfinite(v) for k, v in self.logit_bias.items()),
+             "logit_bias must map non-negative token ids to finite numbers"),
         ]
         for ok, message in checks:
             if not ok:
@@ -104,6 +132,18 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return is_greedy(self.temperature)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """The checks only the engine can make, knowing the vocabulary (as vLLM's
+        ``_validate_*``: every token id a parameter names indexes the logits)."""
+        if self.top_k > vocab_size:
+            raise SamplingParamsError(f"top_k must be at most the vocabulary size ({vocab_size}), "
+                                      f"got {self.top_k}")
+        for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):
+            bad = [t for t in getattr(self, name) or () if t >= vocab_size]
+            if bad:
+                raise SamplingParamsError(f"{name} contain out-of-vocab token ids {bad}. "
+                                          f"Vocabulary size: {vocab_size}")
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

@@ -220,9 +220,15 @@ class Scheduler:
                     sample_ids += (cid,)
         phase = ScheduledPhase.DECODE if decode else ScheduledPhase.PREFILL
         self.log.add(RequestScheduled(self.log.step, req.request_id, n, phase, start))
+        # prompt logprobs: position p's logits score prompt token p + 1; sample 0 reports
+        # them (the user's request; its samples share its prompt), each position once
+        first, targets = max(start, req.num_prompt_logprobs), ()
+        if req.params.prompt_logprobs is not None and req.sample_index == 0:
+            targets = tuple(req.prompt_token_ids[first + 1:min(end, req.num_prompt_tokens - 1) + 1])
         return ScheduledRequest(req.request_id, req.token_ids[start:end], start,
                                 self.kv.block_ids(req.request_id),
-                                self.kv.slot_mapping(req, start, end), sample_ids, phase)
+                                self.kv.slot_mapping(req, start, end), sample_ids, phase,
+                                targets, first)
 
     # ---- the order requests are served in (SchedulerConfig.policy) ----------
 
@@ -296,10 +302,13 @@ class Scheduler:
             if req is None:  # aborted between schedule and update
                 continue
             req.num_computed_tokens += s.num_new_tokens
+            plp = model_output.prompt_logprobs.get(req.request_id) if s.prompt_logprob_targets else None
+            if plp is not None:
+                req.num_prompt_logprobs = s.prompt_logprobs_from + len(plp)
             if not s.sample_ids:
                 self.log.add(RequestProgress(step, req.request_id, req.num_tokens,
                                              req.num_computed_tokens, ()))
-                outputs.append(self._core_output(req, None))
+                outputs.append(self._core_output(req, None, plp))
                 continue
             samples = [req]
             if s.num_samples > 1:
@@ -318,19 +327,19 @@ class Scheduler:
                                              r.num_computed_tokens, (tok.token_id,)))
                 if self._check_stop(r, tok.token_id):
                     finished.append(r)
-                outputs.append(self._core_output(r, tok))
+                outputs.append(self._core_output(r, tok, plp if r is req else None))
         for r in finished:
             self.finish_request(r.request_id, r.status)
         self.log.step, self._open = step + 1, False  # close the step: the clock's only tick
         return EngineCoreOutputs(step, out.timestamp, outputs)
 
     @staticmethod
-    def _core_output(r: Request, tok) -> EngineCoreOutput:
+    def _core_output(r: Request, tok, prompt_logprobs=None) -> EngineCoreOutput:
         done = r.status.is_finished
         return EngineCoreOutput(
             r.request_id, r.parent_id, r.sample_index, tok,
             r.status.finish_reason if done else None, r.stop_token if done else None,
-            r.num_prompt_tokens, r.num_cached_tokens, r.num_preemptions)
+            r.num_prompt_tokens, r.num_cached_tokens, r.num_preemptions, prompt_logprobs)
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params

@@ -36,6 +36,9 @@ class ScheduledRequest:
     position's logits it samples one token for each id in ``sample_ids``: empty for a
     prefill chunk that does not reach the end of the known tokens, this request alone
     normally, and at a fork point (``n > 1``) the request and its n - 1 children to be.
+    For a request with ``prompt_logprobs``, the logits of positions
+    ``prompt_logprobs_from ..`` give the logprobs of ``prompt_logprob_targets`` (the
+    prompt tokens after them, each computed once even across preemptions).
     """
 
     request_id: str
@@ -45,6 +48,8 @@ class ScheduledRequest:
     slot_mapping: list[int]
     sample_ids: tuple[str, ...]
     phase: ScheduledPhase
+    prompt_logprob_targets: tuple[int, ...] = ()
+    prompt_logprobs_from: int = 0
 
     @property
     def num_new_tokens(self) -> int:

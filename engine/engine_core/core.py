@@ -114,6 +114,7 @@ class EngineCore:
                      out.step, detail, len(out.scheduled), exc_info=exc)
         pieces = split_step(out, self.scheduler.kv.block_size)
         sampled: dict = {}
+        prompt_logprobs: dict = {}
         failed: dict[str, str] = {}  # user request id -> why
         unsound: set[int] = set()  # blocks a failed piece was to write
         users = [self._user_request_id(piece.request_id) for piece in pieces]
@@ -127,7 +128,9 @@ class EngineCore:
                 why = "it read K/V a failed request of its step was to write"
             else:
                 try:
-                    sampled.update(self.runner.execute(piece.output).sampled)
+                    ran = self.runner.execute(piece.output)
+                    sampled.update(ran.sampled)
+                    prompt_logprobs.update(ran.prompt_logprobs)
                 except Exception as e:
                     why = f"{type(e).__name__}: {e}"
             if why is not None:
@@ -136,7 +139,7 @@ class EngineCore:
         self._finish_users(failed)
         if not failed:
             logger.warning("engine step %d: every request ran alone; none failed", out.step)
-        return ModelRunnerOutput(sampled), StepFault(out.step, detail, [RequestFailure(u, w)
+        return ModelRunnerOutput(sampled, prompt_logprobs), StepFault(out.step, detail, [RequestFailure(u, w)
                                                                       for u, w in failed.items()])
 
     def _fail_held(self, exc: Exception) -> StepFault:

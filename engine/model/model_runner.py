@@ -19,12 +19,12 @@ import logging
 
 import torch
 
-from engine.core.model_runner_output import ModelRunnerOutput, SampledToken
+from engine.core.model_runner_output import ModelRunnerOutput, PromptTokenLogprob, SampledToken
 from engine.core.scheduler_output import SchedulerOutput
 from engine.model.attention import AttentionBackend, AttentionMetadata
 from engine.model.kv_cache import allocate_kv_caches
 from engine.model.loader import LoadedModel
-from engine.model.sampler import RowSampling, row_sampling, sample
+from engine.model.sampler import RowSampling, prompt_logprobs, row_sampling, sample
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +101,9 @@ class ModelRunner:
         input_ids, positions, meta, rows, expand = self._prepare(out)
         meta = self.backend.plan(meta, self.block_size)  # once per step, for every layer
         hidden = self.model(input_ids, positions, meta, self.kv_caches, self.backend)
+        plp = self._prompt_logprobs(out, hidden)
         if not rows:
-            return ModelRunnerOutput()
+            return ModelRunnerOutput({}, plp)
         dev = self.device
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=dev)])  # [R, vocab]
         if len(expand) > len(rows):  # a fork point repeats its row once per sample
@@ -113,4 +114,20 @@ class ModelRunner:
             sid: SampledToken(res.token_ids[j], res.logprobs[j],
                               tuple(res.top_logprobs[j]) if res.top_logprobs[j] is not None else None)
             for j, sid in enumerate(sample_ids)
-        })
+        }, plp)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor
+                         ) -> dict[str, list[PromptTokenLogprob]]:
+        """Prompt logprobs of the requests whose chunk has targets, from the logits of
+        their rows (one request at a time: a long prompt's logits are [P, vocab])."""
+        found: dict[str, list[PromptTokenLogprob]] = {}
+        row = 0
+        for s in out.scheduled:
+            if s.prompt_logprob_targets:
+                first = row + s.prompt_logprobs_from - s.start_position
+                logits = self.model.compute_logits(hidden[first:first + len(s.prompt_logprob_targets)])
+                n = self.requests[s.request_id].prompt_logprobs or 0
+                found[s.request_id] = [PromptTokenLogprob(*e) for e in prompt_logprobs(
+                    logits, list(s.prompt_logprob_targets), n)]
+            row += s.num_new_tokens
+        return found

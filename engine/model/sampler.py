@@ -33,6 +33,9 @@ class RowSampling:
     min_p: float = 0.0
     logprobs: int | None = None  # None: none; n >= 0: sampled token's + top-n
     generator: torch.Generator | None = None  # per-request; None uses torch's global RNG
+    allowed_token_ids: list[int] | None = None  # None: every token
+    logit_bias: dict[int, float] | None = None
+    prompt_logprobs: int | None = None  # None: none; n >= 0: each prompt token's + top-n
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -77,7 +80,28 @@ def row_sampling(params: SamplingParams, seed: int, device: torch.device | str) 
     """One request's sampling state: its settings and, unless greedy, its own generator."""
     gen = None if params.greedy else make_generator(seed, device)
     return RowSampling(params.temperature, params.top_p, params.top_k, params.min_p,
-                       params.logprobs, gen)
+                       params.logprobs, gen, params.allowed_token_ids, params.logit_bias,
+                       params.prompt_logprobs)
+
+
+def _processed(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
+    """vLLM's logits processors that kvscope has, in its order: ``allowed_token_ids``
+    masks every other token with -inf, then ``logit_bias`` is added. ``logits`` itself
+    when no row asks (the raw logits stay the logprobs' source, as in vLLM)."""
+    if all(r.allowed_token_ids is None and not r.logit_bias for r in rows):
+        return logits
+    out = logits.clone()
+    for i, r in enumerate(rows):
+        if r.allowed_token_ids is not None:
+            keep = torch.tensor(r.allowed_token_ids, device=logits.device)
+            masked = torch.full_like(out[i], float("-inf"))
+            masked[keep] = out[i, keep]
+            out[i] = masked
+        if r.logit_bias:
+            ids = torch.tensor(list(r.logit_bias), device=logits.device)
+            out[i, ids] += torch.tensor(list(r.logit_bias.values()), device=logits.device,
+                                        dtype=out.dtype)
+    return out
 
 
 def _filter(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
@@ -127,7 +151,8 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampling]) -> SamplerOutput:
     """Sample one token per row of logits [R, V] (float) under each row's settings."""
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
-    logits = logits.float()
+    raw = logits.float()
+    logits = _processed(raw, rows)
     R, V = logits.shape
     token_ids = logits.argmax(dim=-1)  # [R]; the answer for greedy rows
     random_idx = [i for i, r in enumerate(rows) if not r.greedy]
@@ -138,7 +163,25 @@ def sample(logits: torch.Tensor, rows: Sequence[RowSampling]) -> SamplerOutput:
         probs = scaled.softmax(dim=-1)  # [R', V]
         noise = _exponential_noise((len(random_idx), V), sub_rows, logits.device)
         token_ids[random_idx] = (probs / noise).argmax(dim=-1)
-    return _with_logprobs(logits, token_ids, rows)
+    return _with_logprobs(raw, token_ids, rows)
+
+
+def prompt_logprobs(logits: torch.Tensor, targets: list[int], n: int
+                    ) -> list[tuple[int, float, int, tuple[tuple[int, float], ...]]]:
+    """Per logits row [P, V] (float), the logprob and rank (1 = most likely) of its
+    target token and the top-``n`` alternatives, from the raw distribution (vLLM's
+    prompt logprobs)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    tgt = torch.tensor(targets, device=logits.device)[:, None]
+    picked = logp.gather(1, tgt)  # [P, 1]
+    ranks = (logp > picked).sum(dim=-1).add_(1).tolist()
+    picked = picked.squeeze(1).tolist()
+    if n:
+        vals, ids = logp.topk(min(n, logp.shape[1]), dim=-1)
+        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
+    else:
+        tops = [()] * len(targets)
+    return list(zip(targets, picked, ranks, tops))
 
 
 def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[RowSampling]) -> SamplerOutput:

@@ -88,6 +88,8 @@ class OutputProcessor:
             state = self.requests.get(o.user_request_id)
             if state is None:  # aborted, or already finished here (a stop string)
                 continue
+            if o.prompt_logprobs:
+                state.prompt_logprobs.extend(o.prompt_logprobs)
             m = state.metrics
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = core.scheduled_at

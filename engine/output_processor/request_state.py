@@ -117,9 +117,12 @@ class RequestState:
     # core ids of samples entered as their own requests before their first output
     # (n_sharing="prefix_cache"), by sample index: an abort must finish them too
     pending_samples: dict[int, str] = field(default_factory=dict)
+    prompt_logprobs: list | None = None  # RequestOutput.prompt_logprobs, grown per chunk
 
     def __post_init__(self) -> None:
         p = self.params
+        if p.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
         if p.stop and not p.include_stop_str_in_output:
             self.holdback = max(len(s) for s in p.stop) - 1
         self.sample(0, self.request_id)
@@ -157,7 +160,8 @@ class RequestState:
                 deltas[k] = d
         outs = [self.samples[k].output() for k in sorted(self.samples)]
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs,
-                             self.finished, self.num_cached_tokens, self.metrics, deltas)
+                             self.finished, self.num_cached_tokens, self.metrics, deltas,
+                             self.prompt_logprobs)
 
     # ---- per-request stats (vLLM v1 intervals; see engine.events.metrics.request_stats) -------
 

@@ -28,12 +28,15 @@ def _workload(eng: LLMEngine) -> tuple[dict, list]:
     eng.add_request(prompt="fork me please", request_id="n2",
                     params=SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=8, logprobs=2, ignore_eos=True))
     eng.add_request(messages=[{"role": "user", "content": "hi"}], params=greedy, request_id="chat")
+    # prompt logprobs across chunks (32 tokens a step) and any preemption, without a prefix hit
+    eng.add_request(prompt=shared + list(range(50, 70)), request_id="plp",
+                    params=SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, prompt_logprobs=2))
     done = {}
     while eng.has_unfinished_requests():
         for out in eng.step():
             if out.finished:
                 done[out.request_id] = [(c.text, list(c.token_ids), c.finish_reason, c.logprobs)
-                                        for c in out.outputs]
+                                        for c in out.outputs] + [out.prompt_logprobs]
     return done, records
 
 
@@ -48,7 +51,7 @@ def test_the_process_core_is_the_inproc_core(tiny_llama):
     (done, records), stats, snap = runs[True]
     (pdone, precords), pstats, psnap = runs[False]
     assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0  # every kind of step ran
-    assert pdone == done and len(done) == 6
+    assert pdone == done and len(done) == 7
     assert [r.seq for r in precords] == [r.seq for r in records] == list(range(len(records)))
     assert [r.events for r in precords] == [r.events for r in records]  # step for step
     assert pstats == stats and psnap == snap
@@ -111,3 +114,39 @@ def test_a_step_message_does_not_grow_with_the_text_generated(tiny_llama):
     # frees the request's 27 blocks: that is what it did.
     big = [(i, n) for i, n in enumerate(per_step[:-1]) if i >= 60 and n > early + 48]
     assert big == [], (early, big, len(per_step))
+
+
+def test_prompt_logprobs_cross_only_for_the_request_that_asks(tiny_llama):
+    """A prefill with prompt logprobs sends them (what the step computed: O(its tokens));
+    its decode steps are the size of a request's without them."""
+    eng = LLMEngine.from_config(EngineConfig(model=tiny_llama, engine_core_process=True, block_size=16,
+                                             max_model_len=512, num_threads=1,
+                                             enable_prefix_caching=False))
+    conn = eng.core._conn
+    recv = conn.recv_bytes
+    sizes: list[int] = []
+
+    def recording():
+        raw = recv()
+        sizes.append(len(raw))
+        return raw
+
+    conn.recv_bytes = recording
+    runs = {}
+    try:
+        for rid, plp in (("plain", None), ("plp", 2)):
+            eng.add_request(prompt=list(range(5, 45)), request_id="r", params=SamplingParams(
+                temperature=0.0, max_tokens=8, ignore_eos=True, prompt_logprobs=plp))
+            per_step = []
+            while eng.has_unfinished_requests():
+                sizes.clear()
+                (out,) = eng.step()
+                per_step.append(max(sizes))
+            runs[rid] = (per_step, out)
+    finally:
+        eng.close()
+    (plain, _), (asked, out) = runs["plain"], runs["plp"]
+    assert len(out.prompt_logprobs) == 40 and out.prompt_logprobs[0] is None
+    assert [e.token_id for e in out.prompt_logprobs[1:]] == list(range(6, 45))
+    assert asked[0] > plain[0] + 39 * 8  # 39 entries: id, logprob, rank, 2 alternatives each
+    assert asked[1:-1] == plain[1:-1]  # decode steps: nothing more crosses

@@ -18,29 +18,30 @@ def _asm(req, rids=("r",)):
     return Assembler(req, list(rids), "resp-1", "m", 123, NO_TOKENIZER)
 
 
-def test_chat_stream_role_first_content_then_empty_finish_and_usage():
+def test_chat_stream_role_first_content_then_finish_on_the_last_piece_and_usage():
     req = parse_chat({"messages": [{"role": "user", "content": "hi"}], "stream": True,
                       "stream_options": {"include_usage": True}})
     a = _asm(req)
     head = {"id": "resp-1", "object": "chat.completion.chunk", "created": 123, "model": "m"}
+    # vLLM 0.32's chunk shapes: the role chunk has no token_ids, stop_reason only at the finish
     assert a.opening() == [{**head, "choices": [
         {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-         "finish_reason": None, "stop_reason": None}]}]
+         "finish_reason": None}], "prompt_token_ids": None, "prompt_text": None}]
     # a token that is half a character: no chunk until its text exists
     assert a.chunks(Update(_out("r", {0: ("", [200], None, None, None)}), {0: ("", [200])})) == []
     assert a.chunks(Update(_out("r", {0: ("é", [200, 201], None, None, None)}), {0: ("é", [201])})) == [
         {**head, "choices": [{"index": 0, "delta": {"content": "é"}, "logprobs": None,
-                              "finish_reason": None, "stop_reason": None}]}]
+                              "finish_reason": None, "token_ids": None}]}]
     last = _out("r", {0: ("é!", [200, 201, 5, 2], "stop", 2, None)}, finished=True, cached=4)
     assert a.chunks(Update(last, {0: ("!", [5, 2])})) == [
         {**head, "choices": [{"index": 0, "delta": {"content": "!"}, "logprobs": None,
-                              "finish_reason": None, "stop_reason": None}]},
-        {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                              "finish_reason": "stop", "stop_reason": None}]}]  # EOS: null
+                              "finish_reason": "stop", "token_ids": None,
+                              "stop_reason": None}]}]  # EOS: null
     assert a.done
     assert a.usage_chunk() == {**head, "choices": [], "usage": {
         "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
-        "prompt_tokens_details": {"cached_tokens": 4}}}
+        "prompt_tokens_details": {"cached_tokens": 4, "created_cache_tokens": 0}},
+        "system_fingerprint": "kvscope"}
 
 
 def test_completions_n2_interleave_by_index_and_stop_reasons():
@@ -54,8 +55,10 @@ def test_completions_n2_interleave_by_index_and_stop_reasons():
     fin = _out("r", {0: ("a", [1, 3], "stop", ".", None), 1: ("bc", [2, 9], "stop", 9, None)}, True)
     got = a.chunks(Update(fin, {0: ("", [3]), 1: ("c", [9])}))
     assert [c["choices"][0] for c in got] == [
-        {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop", "stop_reason": "."},
-        {"index": 1, "text": "c", "logprobs": None, "finish_reason": "stop", "stop_reason": 9}]
+        {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop", "stop_reason": ".",
+         "prompt_token_ids": None, "token_ids": None},
+        {"index": 1, "text": "c", "logprobs": None, "finish_reason": "stop", "stop_reason": 9,
+         "prompt_token_ids": None, "token_ids": None}]
     body = a.body()
     assert body["object"] == "text_completion" and [c["text"] for c in body["choices"]] == ["a", "bc"]
     assert body["usage"]["completion_tokens"] == 4
@@ -71,7 +74,9 @@ def test_two_prompts_number_their_choices_and_echo():
     assert [(c["index"], c["text"]) for c in body["choices"]] == \
         [(0, "onex"), (1, "onex"), (2, "twoy"), (3, "twoy")]
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+                             "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": None,
+                                                       "multimodal_tokens": None},
+                             "completion_tokens_details": None}
 
 
 def test_logprobs_are_sliced_by_tokens_sent():
@@ -100,7 +105,7 @@ def test_abort_finishes_every_open_choice():
     got = a.chunks(Update(_out("r", {0: ("a", [1], "abort", None, None), 1: ("", [], "abort", None, None)},
                                True), {0: ("a", [1])}))
     assert [(c["choices"][0]["index"], c["choices"][0]["delta"], c["choices"][0]["finish_reason"])
-            for c in got] == [(0, {"content": "a"}, None), (0, {}, "abort"), (1, {}, "abort")]
+            for c in got] == [(0, {"content": "a"}, "abort"), (1, {"content": ""}, "abort")]
 
 
 def test_chat_echo_prepends_the_last_assistant_message():
@@ -110,7 +115,7 @@ def test_chat_echo_prepends_the_last_assistant_message():
     assert [c["choices"][0]["delta"] for c in opening] == [{"role": "assistant", "content": ""},
                                                             {"content": "Once"}]
     a.note(Update(_out("r", {0: (" upon", [1], "length", None, None)}, True), {}))
-    assert a.body()["choices"][0]["message"] == {"role": "assistant", "content": "Once upon"}
+    assert a.body()["choices"][0]["message"]["content"] == "Once upon"
     user_last = _asm(parse_chat({"messages": msgs[:1], "echo": True}))
     user_last.note(Update(_out("r", {0: ("x", [1], "length", None, None)}, True), {}))
     assert user_last.body()["choices"][0]["message"]["content"] == "x"  # echo only a prefill

@@ -18,7 +18,7 @@ def test_completion_fields_map_to_sampling_params():
         "model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0, "top_p": 0.5,
         "top_k": -1, "min_p": 0.1, "min_tokens": 2, "seed": 9, "n": 3, "stop": "\n",
         "stop_token_ids": [5], "ignore_eos": True, "logprobs": 2, "stream": True,
-        "stream_options": {"include_usage": True}, "user": "u", "unknown_vllm_extra": {"x": 1},
+        "stream_options": {"include_usage": True}, "user": "u",
         "repetition_penalty": 1.0, "frequency_penalty": 0, "priority": 0, "return_token_ids": True})
     p = r.params
     assert r.endpoint is Endpoint.COMPLETIONS and r.model == "m" and r.prompts == ("hi",)
@@ -79,12 +79,27 @@ def test_chat_fields():
     ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos"),
     ({"prompt": "x", "logprobs": True}, "logprobs"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
-    ({"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+    ({"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ({"prompt": "x", "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": "big"}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [5]}, "logit_bias"),
+    ({"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids"),
+    ({"prompt": "x", "allowed_token_ids": [-1]}, "allowed_token_ids"),
+    ({"prompt": "x", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+    ({"prompt": "x", "truncation_side": "middle"}, "truncation_side"),
+    ({"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": "yes"}},
+     "stream_options"),
+    ({"prompt": "x", "stream": True, "stream_options": {"chunk_size": 3}}, "stream_options"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "bad_words": ["no"]}, "bad_words"),
+    ({"prompt": "x", "add_special_tokens": False}, "add_special_tokens"),
+    ({"prompt": "x", "unknown_vllm_extra": {"x": 1}}, "unknown_vllm_extra"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options"),
     ({"prompt": "x", "repetition_penalty": 1.2}, "repetition_penalty"),
     ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
-    ({"prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
     ({"prompt": "x", "suffix": "end"}, "suffix"),
     ({"prompt": "x", "model": 3}, "model"),
     ({"prompt": ["a"] * 65}, "prompt"),
@@ -123,3 +138,27 @@ def test_limits_and_model_check():
     assert "llama" in err.message
     assert err.body() == {"error": {"message": err.message, "type": "invalid_request_error",
                                     "param": "model", "code": "model_not_found"}}
+
+
+def test_vllm_extras_map_to_sampling_params():
+    r = parse_completion({"prompt": "x", "logprobs": 1, "echo": True, "max_tokens": 0,
+                          "logit_bias": {"5": 250, "7": -3}, "allowed_token_ids": [5, 7],
+                          "truncate_prompt_tokens": 3, "truncation_side": "right", "model": "",
+                          "stream": True, "stream_options": {"include_usage": True,
+                                                             "continuous_usage_stats": True}})
+    p = r.params
+    # echo with logprobs asks for the prompt's logprobs; max_tokens 0 generates one token
+    # and answers with the prompt alone (vLLM's echo_without_generation)
+    assert p.prompt_logprobs == 1 and p.max_tokens == 1 and r.echo_only
+    assert p.logit_bias == {5: 100.0, 7: -3.0} and p.allowed_token_ids == [5, 7]  # clamped as vLLM
+    assert (r.truncate, r.truncation_side, r.model) == (3, "right", None)
+    assert r.include_usage and r.continuous_usage
+    # continuous_usage_stats counts only with include_usage, as vLLM's should_include_usage
+    assert not parse_completion({"prompt": "x", "stream": True, "stream_options": {
+        "continuous_usage_stats": True}}).continuous_usage
+    assert parse_completion({"prompt": "x", "prompt_logprobs": 0}).params.prompt_logprobs == 0
+    chat = parse_chat({"messages": [{"role": "developer", "content": "d"}], "prompt_logprobs": 2,
+                       "include_reasoning": False, "tool_choice": "none"})
+    assert chat.params.prompt_logprobs == 2 and chat.messages[0]["role"] == "developer"
+    assert _err(parse_chat, {"messages": [{"role": "user", "content": "x"}],
+                             "structured_outputs": {"json": {}}}).param == "structured_outputs"

@@ -26,16 +26,18 @@ def test_sse_framing_and_headers(server):
     assert [e["object"] for e in events] == ["text_completion"] * len(events)
     *chunks, usage = events
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 5
-    assert set(chunks[0]["choices"][0]) == {"index", "text", "logprobs", "finish_reason", "stop_reason"}
-    # chat: the role first, then content, then an empty delta carrying the finish
+    assert set(chunks[0]["choices"][0]) == {"index", "text", "logprobs", "finish_reason", "stop_reason",
+                                            "prompt_token_ids", "token_ids"}  # vLLM 0.32's keys
+    # chat: the role first, then content, the last piece carrying the finish (vLLM's)
     body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
             "temperature": 0, "stream": True, "ignore_eos": True}
     status, headers, raw = post(server, "/v1/chat/completions", body)
     assert SSE.fullmatch(raw)
     chunks = [json.loads(e[len(b"data: "):]) for e in raw.split(b"\n\n") if e and e != b"data: [DONE]"]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert chunks[-1]["choices"][0]["delta"] == {} and chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert all(set(c["choices"][0]["delta"]) == {"content"} for c in chunks[1:-1])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["system_fingerprint"] == "kvscope"  # on the last chunk: no usage chunk follows
+    assert all(set(c["choices"][0]["delta"]) == {"content"} for c in chunks[1:])
     assert all("usage" not in c for c in chunks)
     # a non-streamed answer carries the same headers
     status, headers, raw = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2})

@@ -110,7 +110,7 @@ def test_prep_bounds_follow_the_tokenizer_and_the_template(tiny_llama):
     tok = Tokenizer(tiny_llama)  # the serving process's (no transformers model side, no torch)
     assert longest_token_bytes(tok) == len("<|endoftext|>".encode())
     prep = PromptPrep(tok, 288, 16)
-    assert prep.roles == ("system", "user", "assistant") and prep.max_prompt_bytes == 16 * 13
+    assert prep.roles == ("system", "developer", "user", "assistant") and prep.max_prompt_bytes == 16 * 13
     # what the bound rests on: text made of the longest token is one token per 13 bytes,
     # the fewest tokens any text of that many bytes can be
     assert len(tok.encode("<|endoftext|>" * 15)) == 15

@@ -67,6 +67,7 @@ class Exchange(Sink):
         self.refusal: Error | None = None  # the first error before every request was accepted
         self.late_errors: list[Error] = []  # errors after acceptance (an engine fault)
         self.replies: list[Message] = []  # ok / error for control ops
+        self.prompt_ids: dict[str, list[int]] = {}  # request id -> its prepared prompt's tokens
         # request id -> (latest output, per sample: delta texts and token ids since last look)
         self._pending: dict[str, tuple[RequestOutput, dict[int, tuple[list[str], list[int]]]]] = {}
         self._wake = asyncio.Event()
@@ -77,19 +78,23 @@ class Exchange(Sink):
     # ---- into the engine --------------------------------------------------------------
 
     async def submit(self, prompt: str | list[int] | None, messages: list[dict[str, str]] | None,
-                     params: SamplingParams, request_id: str) -> None:
+                     params: SamplingParams, request_id: str,
+                     truncate: tuple[int | None, str] = (None, "left")) -> None:
         """Prepare and queue one engine request: 400 for a prompt the preparation refuses
         (too long, too many bytes, a bad role or token id, empty), 429 when the engine's
-        mailbox is full, 503 once the server is stopping."""
+        mailbox is full, 503 once the server is stopping. ``truncate``: vLLM's
+        ``truncate_prompt_tokens`` and ``truncation_side``."""
         try:
             op = Submit(prompt, messages, params, request_id)
         except ProtocolError as exc:  # e.g. a chat of empty messages (the protocol's own check)
             raise_refusal(Error.from_exc(exc))
-        cmd = await self.desk.prepare(op)
+        cmd = await self.desk.prepare(op, truncate)
         if self.desk.stopping:
             raise _stopping()
         self.send(cmd)
         self.rids.append(request_id)
+        if isinstance(cmd, Prepared):
+            self.prompt_ids[request_id] = cmd.token_ids
 
     def send(self, cmd: Op | Prepared) -> None:
         if not self.desk.mailbox.send(self, cmd):
@@ -159,9 +164,21 @@ def _stopping() -> ApiError:
     return ApiError(503, "the server is shutting down", "server_error", None, ErrorCode.SHUTTING_DOWN)
 
 
-def _prepare(prep: PromptPrep, op: Submit) -> Prepared:
-    """``op`` tokenized, then held to vLLM's context-length rule (a worker thread)."""
+def _prepare(prep: PromptPrep, op: Submit, truncate: tuple[int | None, str]) -> Prepared:
+    """``op`` tokenized, truncated as asked, then held to vLLM's context-length rule (a
+    worker thread)."""
+    keep, side = truncate
+    if keep is not None and keep > prep.max_model_len:
+        raise ApiError(400, f"truncate_prompt_tokens={keep} cannot be greater than max_model_len "
+                            f"= {prep.max_model_len}. Please request a smaller truncation size.",
+                       param="truncate_prompt_tokens")
     prepared = prep.tokenized(op)
+    if keep is not None:
+        keep = prep.max_model_len - 1 if keep < 0 else keep  # -1: all that leaves room to answer
+        ids = prepared.token_ids
+        if keep < len(ids):
+            ids = ids[len(ids) - keep:] if side == "left" else ids[:keep]
+            prepared = Prepared(op, None, ids)  # the text no longer is the prompt's
     check_fits(len(prepared.token_ids), op.params.max_tokens, prep.max_model_len)
     return prepared
 
@@ -191,14 +208,19 @@ class ApiDesk:
         self.exchanges: dict[int, Exchange] = {}
         self.stopping = False
 
-    async def prepare(self, op: Submit) -> Submit | Prepared:
+    async def prepare(self, op: Submit, truncate: tuple[int | None, str] = (None, "left")
+                      ) -> Submit | Prepared:
         """``op`` checked and tokenized in the worker pool; before the first run's
         PromptPrep reaches the loop, ``op`` itself (the engine thread prepares it)."""
         prep = self.prep()
         if prep is None:
+            if truncate[0] is not None:  # only a prepared prompt can be cut
+                raise ApiError(503, "the model is still loading; retry shortly", "server_error",
+                               None, "loading")
             return op
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.workers, _prepare, prep, op)
+            return await asyncio.get_running_loop().run_in_executor(self.workers, _prepare, prep,
+                                                                    op, truncate)
         except ProtocolError as exc:
             raise_refusal(Error.from_exc(exc))
         except RuntimeError:  # the pool is shut down: the server is stopping

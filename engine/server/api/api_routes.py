@@ -132,6 +132,10 @@ class ApiContext:
         return health
 
     async def body(self, request: Request) -> Any:
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media != "application/json":  # vLLM's rule and words (validate_json_request)
+            raise ApiError(400, "Unsupported Media Type: Only 'application/json' is allowed",
+                           param=None)
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > self.max_body_bytes:
             raise self._too_large(int(size))
@@ -166,6 +170,14 @@ async def models(ctx: ApiContext, request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
+async def health(ctx: ApiContext, request: Request) -> Response:
+    """vLLM's liveness probe: 200 with an empty body while the engine serves, else 503
+    (kvscope's own ``/healthz`` says why)."""
+    health = ctx.board.current
+    ok = health.serving and not ctx.desk.stopping and health.status is not Status.STOPPING
+    return Response(status_code=200 if ok else 503)
+
+
 async def reset_prefix_cache(ctx: ApiContext, request: Request) -> Response:
     ctx.admit(request)
     ctx.ready()
@@ -189,7 +201,7 @@ async def _submit(ex: Exchange, req: ApiRequest, rid: str) -> list[str]:
     else:
         items = [(f"{rid}-{i}", p, None) for i, p in enumerate(req.prompts)]
     for r, prompt, messages in items:
-        await ex.submit(prompt, messages, req.params, r)
+        await ex.submit(prompt, messages, req.params, r, (req.truncate, req.truncation_side))
     return [r for r, _, _ in items]
 
 
@@ -246,7 +258,7 @@ async def _finish(ex: Exchange, asm: Assembler) -> None:
 
 
 async def _events(ex: Exchange, asm: Assembler) -> AsyncIterator[bytes]:
-    yield sse.events(asm.opening())
+    yield sse.events(asm.opening(ex.prompt_ids))
     while not asm.done:
         ups = await ex.updates()
         out = b"".join(sse.events(asm.chunks(up)) for up in ups)
@@ -271,4 +283,5 @@ def api_routes(ctx: ApiContext) -> list[BaseRoute]:
     return [Route("/v1/models", bind(models), methods=["GET"]),
             Route("/v1/completions", bind(generate, Endpoint.COMPLETIONS), methods=["POST"]),
             Route("/v1/chat/completions", bind(generate, Endpoint.CHAT), methods=["POST"]),
-            Route("/reset_prefix_cache", bind(reset_prefix_cache), methods=["POST"])]
+            Route("/reset_prefix_cache", bind(reset_prefix_cache), methods=["POST"]),
+            Route("/health", bind(health), methods=["GET"])]

@@ -39,7 +39,7 @@ from engine.protocol.ops import Submit
 from engine.server.worker.mailbox import Prepared
 from engine.tokenizer import tokenize_prompt
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant")  # developer: OpenAI's, rendered as is (vLLM)
 NORMALIZER_SLACK = 4  # a normalizer may shrink text; how much looser the byte bound is then
 
 
