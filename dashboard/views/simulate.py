@@ -96,7 +96,9 @@ def page() -> None:
                     key="sim_curve")
     frame = pd.DataFrame(rows)[["router", "num_kv_blocks", "prefix_cache_hit_rate", "reachable_hit_rate",
                                 "router_loss", "num_blocks_evicted", "num_preemptions", "ttft_p50_s"]]
-    st.dataframe(frame, hide_index=True, key="sim_table")
+    pct = {c: st.column_config.NumberColumn(c.replace("_", " "), format="percent")
+           for c in ("prefix_cache_hit_rate", "reachable_hit_rate", "router_loss")}
+    st.dataframe(frame, hide_index=True, key="sim_table", column_config=pct)
     if record:
         from engine.store.recorder import Recorder
 
