@@ -37,7 +37,7 @@ from engine.kv_events.config import KVEventsConfig, should_bind
 from engine.kv_events.encoding import BatchEncoder, seq_bytes
 from engine.kv_events.mapping import has_kv_events, to_kv_events
 from engine.kv_events.replay import ReplayBuffer
-from engine.kv_events.types import KVEventBatch
+from engine.kv_events.types import MEDIUM_GPU, KVEventBatch
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +47,12 @@ CLOSE_LINGER_MS = 1000  # on close, ZMQ keeps sending what is queued for up to t
 
 
 class KVEventsPublisher:
-    def __init__(self, config: KVEventsConfig, medium: str | None, data_parallel_rank: int = 0) -> None:
-        """Bind or connect the sockets now (errors surface here), then start the thread."""
+    def __init__(self, config: KVEventsConfig, medium: str | None = MEDIUM_GPU,
+                 data_parallel_rank: int = 0) -> None:
+        """Bind or connect the sockets now (errors surface here), then start the thread.
+
+        ``medium``: vLLM's ``"GPU"`` is its engine's own KV pool on any device (vLLM 0.32's
+        CPU build sends it too), so it is kvscope's pool's name on CPU and CUDA alike."""
         if not config.active:
             raise ConfigError("kv_events_config does not enable a ZMQ publisher "
                               "(set enable_kv_cache_events: true)")

@@ -33,14 +33,15 @@ class Mirror:
             if isinstance(e, BlockStored):
                 self.stored_sizes.append(len(e.block_hashes))
                 assert len(e.token_ids) == e.block_size * len(e.block_hashes)
-                assert e.medium == "CPU" and e.lora_id is None and e.lora_name is None
+                assert (e.medium, e.group_idx, e.kv_cache_spec_kind, e.lora_id, e.lora_name) == ("GPU", 0, "full_attention", None, None)
+                assert e.extra_keys == (None,) * len(e.block_hashes)
                 parent = e.parent_block_hash
                 for i, h in enumerate(e.block_hashes):
                     assert h not in self.blocks, "stored twice without a removal"
                     self.blocks[h] = (tuple(e.token_ids[i * e.block_size:(i + 1) * e.block_size]), parent)
                     parent = h
             elif isinstance(e, BlockRemoved):
-                assert e.medium == "CPU"
+                assert (e.medium, e.group_idx) == ("GPU", 0)
                 for h in e.block_hashes:
                     del self.blocks[h]  # KeyError: removed a hash the stream never stored
             else:
@@ -55,7 +56,7 @@ def truth(s) -> dict[int, tuple[tuple[int, ...], int | None]]:
 
 
 def fold_step(s, mirror: Mirror) -> list:
-    kv = to_kv_events(s.log.drain(), "CPU")
+    kv = to_kv_events(s.log.drain())
     mirror.fold(kv)
     assert mirror.blocks == truth(s), f"drift after step {s.step}"
     return kv
