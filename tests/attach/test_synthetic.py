@@ -9,6 +9,7 @@ import json
 import msgspec
 import pytest
 
+from engine.attach.pod_source import PodSource
 from engine.store.commands import replay_json
 from engine.store.runs import RunStore
 from tests.attach.fake_publisher import FakePublisher, cleared, removed, stored
@@ -311,3 +312,24 @@ def test_two_pods_with_different_caches_and_the_prefix_lookup_on_each(pubs, atta
     pods_seen = [r.metrics["pod"] for r in records]
     assert sorted(pods_seen) == ["pod-a", "pod-a", "pod-b", "pod-b", "pod-b"]
     assert records[-1].metrics["cached_blocks"] == {"pod-a": 4, "pod-b": 3}
+
+
+@pytest.mark.parametrize("allow_remote", [False, True])
+def test_a_wildcard_endpoint_is_bound_on_loopback_unless_allow_remote(allow_remote):
+    """Pods that connect out (llm-d style) reach attach on tcp://*:PORT; without --allow-remote
+    attach listens on 127.0.0.1 only, as serve keeps its KV event sockets to this machine."""
+    import queue as queue_mod
+
+    import zmq
+
+    from engine.attach.subscription import PodSubscription
+    from tests.attach.fake_publisher import free_port
+
+    port = free_port()
+    sub = PodSubscription(PodSource("p", f"tcp://*:{port}"), queue_mod.Queue(), allow_remote=allow_remote)
+    try:
+        want = f"tcp://{'0.0.0.0' if allow_remote else '127.0.0.1'}:{port}"
+        assert sub.sub.getsockopt(zmq.LAST_ENDPOINT).decode() == want
+        assert sub.bound == (f"tcp://*:{port}" if allow_remote else f"tcp://127.0.0.1:{port}")
+    finally:
+        sub.sub.close(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.attach.pod_source import PodSource, default_pod_name, subscriber_binds
+from engine.attach.pod_source import PodSource, bind_endpoint, default_pod_name, subscriber_binds
 from engine.attach.prefix_match import (
     BY_TOKENS, KVSCOPE, SCHEMES, SHA256, detect_scheme, longest_prefix, stream_chain,
 )
@@ -277,3 +277,20 @@ def test_pod_sources_are_checked():
                     ({"endpoint": "tcp://x:1", "pod": ""}, "pod name")):
         with pytest.raises(ConfigError, match=msg):
             PodSource(**{"pod": "p", **kw})
+
+
+def test_a_wildcard_kv_events_endpoint_binds_loopback_unless_allow_remote():
+    assert bind_endpoint("tcp://*:5557", False) == "tcp://127.0.0.1:5557"
+    assert bind_endpoint("tcp://[::]:5557", False) == "tcp://[::1]:5557"
+    assert bind_endpoint("tcp://*:5557", True) == "tcp://*:5557"
+    assert bind_endpoint("tcp://[::]:5557", True) == "tcp://[::]:5557"
+
+
+def test_runs_listing_shows_no_model_for_an_attached_run():
+    from engine.store.commands import format_runs
+
+    base = {"id": "r1", "started_at": 0.0, "num_steps": 3, "num_requests": 0, "kind": "attached",
+            "label": "prod pods", "config": {"model_name": "prod pods", "pods": [{}, {}]}}
+    for model in (None, "prod pods"):  # new rows, and rows recorded with the label as model
+        row = format_runs([{**base, "model": model}]).splitlines()[1].split()
+        assert row[-6:] == ["attached,", "2", "pod(s)", "-", "prod", "pods"]

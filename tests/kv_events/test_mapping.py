@@ -190,20 +190,21 @@ def test_reuse_rollback_and_reset_evictions_map_with_or_without_reason(with_reas
         BlockAllocated(1, 6, "q", 1),
         evicted(0, H[0], r("reset")), evicted(1, H[1], r("reset")), PrefixCacheReset(1),
     ]
-    assert to_kv_events(events, "GPU") == [
+    assert to_kv_events(events) == [  # vLLM 0.32's fields: medium GPU, group 0, full attention
         BlockStored((vllm_int(H[0]), vllm_int(H[1]), vllm_int(H[2])), None, (0,) * 4 + (1,) * 4 + (2,) * 4,
-                    4, None, "GPU", None),
-        BlockRemoved((vllm_int(H[5]),), "GPU"),
-        BlockStored((vllm_int(H[3]),), vllm_int(H[2]), (3, 3, 3, 3), 4, None, "GPU", None),
-        BlockRemoved((vllm_int(H[3]),), "GPU"),
-        BlockRemoved((vllm_int(H[2]),), "GPU"),
+                    4, None, "GPU", None, (None,) * 3, 0, "full_attention"),
+        BlockRemoved((vllm_int(H[5]),), "GPU", 0),
+        BlockStored((vllm_int(H[3]),), vllm_int(H[2]), (3, 3, 3, 3), 4, None, "GPU", None, (None,), 0,
+                    "full_attention"),
+        BlockRemoved((vllm_int(H[3]),), "GPU", 0),
+        BlockRemoved((vllm_int(H[2]),), "GPU", 0),
         AllBlocksCleared(),
     ]
 
 
 def test_with_reason_a_rollback_right_before_a_reset_is_still_removed():
     events = [evicted(4, H[4], "rollback"), evicted(0, H[0], "reset"), PrefixCacheReset(1)]
-    assert to_kv_events(events, None) == [BlockRemoved((vllm_int(H[4]),), None), AllBlocksCleared()]
+    assert to_kv_events(events, None) == [BlockRemoved((vllm_int(H[4]),), None, 0), AllBlocksCleared()]
     # a reset eviction is never a removal, even without its reset event in the same list
     assert to_kv_events([evicted(0, H[0], "reset")], None) == []
 

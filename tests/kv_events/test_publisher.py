@@ -102,12 +102,14 @@ def test_frames_are_topic_seq_payload_byte_exact(opened):
     frames = sub.sub.recv_multipart()
     assert frames == [b"kv@pod-1@tiny", first.to_bytes(8, "big"), b"".join([
         b"\x93\xcb", bytes.fromhex("3ff8000000000000"), b"\x91",
-        b"\x88", fixstr("type"), fixstr("BlockStored"),
+        b"\x8b", fixstr("type"), fixstr("BlockStored"),
         fixstr("block_hashes"), b"\x92", uint64(vllm_int(a)), uint64(vllm_int(b)),
         fixstr("parent_block_hash"), b"\xc0",
         fixstr("token_ids"), b"\x94\x01\x02\x03\xcd\x01\x2c",
         fixstr("block_size"), b"\x02", fixstr("lora_id"), b"\xc0",
         fixstr("medium"), fixstr("CPU"), fixstr("lora_name"), b"\xc0",
+        fixstr("extra_keys"), b"\x92\xc0\xc0", fixstr("group_idx"), b"\x00",
+        b"\xb2kv_cache_spec_kind", fixstr("full_attention"),
         b"\x00"])]
     assert sub.sub.poll(5000)
     topic, seq, payload = sub.sub.recv_multipart()
