@@ -32,7 +32,7 @@ Hashes: kvscope's block hash is a sha256 hex digest; vLLM sends
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from engine.events.schema.types import BlockCached, BlockEvicted, Event, PrefixCacheReset
 from engine.kv_events.types import (
@@ -47,6 +47,12 @@ SPEC_KIND = "full_attention"  # vLLM's KVCacheSpecKind of every layer kvscope ru
 def vllm_block_hash(hex_digest: str) -> int:
     """The uint64 vLLM would send for this digest (its ``maybe_convert_block_hash``)."""
     return int(hex_digest[-16:], 16)  # last 8 bytes of a big-endian integer = its low 64 bits
+
+
+def is_reset_only(events: Sequence[Event]) -> bool:
+    """True for the events of a prefix-cache reset alone (its evictions and the reset)."""
+    return (any(isinstance(e, PrefixCacheReset) for e in events)
+            and all(isinstance(e, (PrefixCacheReset, BlockEvicted)) for e in events))
 
 
 def has_kv_events(events: Iterable[Event]) -> bool:

@@ -11,7 +11,6 @@ Each server gets the whole workload alone: vLLM first, then kvscope.
 
 from __future__ import annotations
 
-import json
 import time
 
 import msgspec
@@ -21,7 +20,8 @@ import zmq
 from engine.core.hashing import DEFAULT_HASH_ALGO, BlockHasher
 from engine.kv_events.mapping import vllm_block_hash
 from tests.kv_events.subscriber import DECODERS, kind
-from tests.vllm.servers import BLOCK_SIZE, DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
+from tests.vllm.kv_stream import kvscope_with_events
+from tests.vllm.servers import BLOCK_SIZE, MODEL_NAME
 
 pytestmark = pytest.mark.vllm
 
@@ -140,12 +140,7 @@ def test_vllm_block_hashes_are_kvscopes_sha256(vllm_run):
 
 @pytest.fixture(scope="module")
 def kvscope_run(vllm_run, kvscope_servers, tmp_path_factory):  # vLLM done: one busy at a time
-    sock = tmp_path_factory.mktemp("kvscope-events") / "kv.sock"
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{sock}"}
-    server = kvscope_servers(num_kv_blocks=DEFAULT_KVSCOPE_BLOCKS,
-                             extra_args=("--kv-events-config", json.dumps(config)))
-    server.events_endpoint = config["endpoint"]
-    return _run(server)
+    return _run(kvscope_with_events(kvscope_servers, tmp_path_factory))
 
 
 @pytest.mark.skipif(DEFAULT_HASH_ALGO != "sha256",
