@@ -73,11 +73,11 @@ def _detail(e: Event) -> tuple[str, str]:
     if t is RequestFinished:
         return "", f"reason: {e.reason}"
     if t is KVBlockStored:
-        return _hashes(e.block_hashes), (f"pod {e.pod}; {len(e.block_hashes)} x {e.block_size} tokens "
-                                         f"after {(e.parent_hash or 'the root')[:12]}"
-                                         + (f"; {e.medium}" if e.medium else ""))
+        what = ("a placeholder (hash only, no tokens)" if e.is_placeholder else
+                f"{len(e.block_hashes)} x {e.block_size} tokens after {(e.parent_hash or 'the root')[:12]}")
+        return _hashes(e.block_hashes), f"pod {e.pod}; {what}" + _where(e)
     if t is KVBlockRemoved:
-        return _hashes(e.block_hashes), f"pod {e.pod}" + (f"; {e.medium}" if e.medium else "")
+        return _hashes(e.block_hashes), f"pod {e.pod}" + _where(e)
     if t is KVAllCleared:
         return "", f"pod {e.pod}: its whole cache"
     if t is KVGap:
@@ -86,6 +86,14 @@ def _detail(e: Event) -> tuple[str, str]:
     if t is KVSegment:
         return "", f"pod {e.pod}: segment {e.segment} from seq {e.first_seq} ({e.reason})"
     return "", ""
+
+
+def _where(e) -> str:
+    """``; GPU, group 0, LOCAL``: the tier and what else the source said about it."""
+    parts = [e.medium, None if e.group_idx is None else f"group {e.group_idx}",
+             getattr(e, "kv_cache_spec_kind", None), e.locality, e.ownership]
+    parts = [p for p in parts if p]
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def _hashes(hashes: tuple[str, ...], shown: int = 3) -> str:

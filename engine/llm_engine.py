@@ -71,7 +71,7 @@ class LLMEngine:
             if kv_events is None:
                 from engine.kv_events.publisher import KVEventsPublisher
 
-                kv_events = KVEventsPublisher(kv_config, "GPU" if self.info.device == "cuda" else "CPU")
+                kv_events = KVEventsPublisher(kv_config)
             self.kv_events, self._owns_kv_events = kv_events, True
             self.step_listeners.append(kv_events.on_step)
 

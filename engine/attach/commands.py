@@ -49,7 +49,8 @@ def add_attach_subcommands(sub: Any) -> None:
     g = p.add_argument_group("pods (repeat --kv-events per pod; options after it are that pod's)")
     g.add_argument("--kv-events", action=_NewPod, dest="pods", metavar="ENDPOINT", required=True,
                    help="the pod's KV event PUB endpoint, e.g. tcp://HOST:5557 (a tcp://*:PORT "
-                        "endpoint is bound instead, for pods that connect out)")
+                        "endpoint is bound instead, for pods that connect out: on loopback only "
+                        "unless --allow-remote)")
     g.add_argument("--replay", action=_PodOption, metavar="ENDPOINT",
                    help="the pod's replay endpoint (its replay_endpoint), e.g. tcp://HOST:5558: fills gaps")
     g.add_argument("--topic", action=_PodOption, metavar="T", help="subscribe to this topic prefix only")
@@ -63,7 +64,8 @@ def add_attach_subcommands(sub: Any) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"websocket port (default {DEFAULT_PORT})")
     p.add_argument("--db", default=None, help="runs database (default $KVSCOPE_DB or data/runs.sqlite)")
     p.add_argument("--no-record", dest="record", action="store_false", help="serve live only")
-    p.add_argument("--allow-remote", action="store_true", help="allow binding beyond loopback")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow binding beyond loopback (the websocket --host, and a tcp://*:PORT --kv-events)")
     add_allowed_host_arg(p)
     p.add_argument("--scrape-interval", type=float, default=1.0, metavar="S",
                    help="seconds between /metrics scrapes (default 1)")
@@ -103,7 +105,8 @@ def cmd_attach(args: argparse.Namespace) -> int:
     server = AttachServer(opts)
 
     def announce() -> None:
-        pods = ", ".join(f"{p.pod} <- {p.endpoint}" for p in opts.pods)
+        pods = ", ".join(f"{s.source.pod} <- {s.source.endpoint}" if s.bound is None
+                         else f"{s.source.pod} <- pods connecting to {s.bound}" for s in server.subscriptions)
         print(f"kvscope: attached ({pods}); serving {server.url} (run {server.run_id}); "
               f"dashboard: KVSCOPE_URL={server.url} streamlit run dashboard", flush=True)
 

@@ -2,7 +2,9 @@
 
 ``endpoint`` is the pod's KV event PUB socket (``--kv-events``); attach connects to
 it, or binds it when it is a wildcard (``tcp://*:PORT``, ``tcp://[::]:PORT``): then the
-pods connect out to attach, as to llm-d's router (``subscriber_binds``). ``replay`` is its replay ROUTER (``replay_endpoint``
+pods connect out to attach, as to llm-d's router (``subscriber_binds``). A wildcard binds
+loopback only (``tcp://127.0.0.1:PORT``) unless ``--allow-remote``, as ``kvscope serve``
+keeps its KV event sockets to this machine (``bind_endpoint``). ``replay`` is its replay ROUTER (``replay_endpoint``
 in the pod's ``--kv-events-config``), ``topic`` the prefix to subscribe to,
 ``metrics`` its Prometheus URL. ``pod`` names it in the run.
 """
@@ -53,6 +55,21 @@ def subscriber_binds(endpoint: str) -> bool:
     address to listen on: bind it, and let publishers configured with this host's
     address connect."""
     return "*" in endpoint or "::" in endpoint
+
+
+def bind_endpoint(endpoint: str, allow_remote: bool) -> str:
+    """The address a subscriber that binds ``endpoint`` listens on: every interface with
+    ``allow_remote``, else loopback only (the wildcard's host becomes 127.0.0.1, ``[::]``'s
+    ``[::1]``). Pods that connect out then have to run on this machine, or be let in with
+    ``--allow-remote``: the stream carries prompt token ids and ZMQ authenticates no one."""
+    if allow_remote or not endpoint.startswith("tcp://"):
+        return endpoint
+    host, sep, port = endpoint[len("tcp://"):].rpartition(":")
+    if host == "*":
+        return f"tcp://127.0.0.1:{port}"
+    if host in ("[::]", "::"):
+        return f"tcp://[::1]:{port}"
+    return endpoint
 
 
 def default_pod_name(endpoint: str) -> str:

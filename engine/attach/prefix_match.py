@@ -2,12 +2,16 @@
 
 Two ways to find it in a ``PodCacheView``:
 
-- **by hash**, where kvscope can reproduce the source's block hashes. kvscope's own
-  publisher sends the low 64 bits of its sha256 chain (``engine.core.hashing``), so
-  the prompt's chain is computed and each block looked up. ``detect_scheme`` checks a
-  pod's cached root blocks against that chain to see whether it applies. vLLM hashes
-  its own serialization with a per-process random seed (unless ``PYTHONHASHSEED`` is
-  fixed) and llm-d recomputes its own keys, so neither can be reproduced here.
+- **by hash**, where kvscope can reproduce the source's block hashes: vLLM's
+  ``sha256`` (its default) and ``sha256_cbor`` with the fixed root seed
+  ``"vllm-none-hash"`` (vLLM >= 0.3x, ``PYTHONHASHSEED`` unset in the pod and here),
+  and kvscope's own ``kvscope`` algorithm (``engine.core.hashing``; a stream sends a
+  digest's low 64 bits). The prompt's chain is computed and each block looked up.
+  ``detect_scheme`` checks a pod's cached root blocks against each algorithm's chain
+  to see which applies (tests/vllm/test_attach_vllm.py: a real vLLM 0.32 pod is
+  ``sha256``, and the prediction equals the ``cached_tokens`` it then serves). A pod
+  with another seed, vLLM's xxhash algorithms or extra keys (LoRA, images, salt) is
+  not reproducible here; llm-d recomputes its own keys.
 - **by token ids**, for any source: ``BlockStored`` carries each block's tokens, so
   the trie is walked from a root block (parent None) matching block after block.
   Blocks with equal tokens but other extra keys (LoRA, images) would match too.
@@ -22,13 +26,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.core.hashing import hash_full_blocks
+from engine.core.hashing import HASH_ALGOS, hash_full_blocks
 from engine.events.folds.hash_cache_snapshot import PodCacheView
 from engine.events.folds.prefix_tree import PrefixTree
 from engine.events.schema.hash_key import hash_key
 from engine.kv_events.mapping import vllm_block_hash
 
-KVSCOPE = "kvscope"  # the one hash scheme reproducible here
+SCHEMES = HASH_ALGOS  # the hash schemes reproducible here: engine.core.hashing's algorithms
+KVSCOPE, SHA256 = "kvscope", "sha256"
 BY_HASH, BY_TOKENS = "hash", "token ids"
 
 
@@ -53,33 +58,36 @@ class PodPrefixMatch:
         return min(self.num_blocks, (self.num_prompt_tokens - 1) // self.block_size) * self.block_size
 
 
-def kvscope_chain(token_ids: Sequence[int], block_size: int) -> list[str]:
-    """The stream hashes kvscope's publisher sends for the prompt's full blocks."""
-    return [hash_key(vllm_block_hash(h)) for h in hash_full_blocks(list(token_ids), block_size, [])]
+def stream_chain(token_ids: Sequence[int], block_size: int, scheme: str = SHA256) -> list[str]:
+    """The stream hashes a publisher hashing with ``scheme`` sends for the prompt's full blocks."""
+    return [hash_key(vllm_block_hash(h))
+            for h in hash_full_blocks(list(token_ids), block_size, [], algo=scheme)]
 
 
 def detect_scheme(pod: PodCacheView, sample: int = 16) -> str | None:
-    """``"kvscope"`` when the pod's cached root blocks carry kvscope's hashes, else None."""
+    """The scheme (one of ``SCHEMES``) whose hashes the pod's cached root blocks carry, else None."""
     roots = [b for b in pod.blocks if b.parent is None and b.token_ids][:sample]
     if not roots:
         return None
-    ok = all(kvscope_chain(b.token_ids, len(b.token_ids)) == [b.hash] for b in roots)
-    return KVSCOPE if ok else None
+    for scheme in SCHEMES:
+        if all(stream_chain(b.token_ids, len(b.token_ids), scheme) == [b.hash] for b in roots):
+            return scheme
+    return None
 
 
 def longest_prefix(pod: PodCacheView, token_ids: Sequence[int], scheme: str | None = None,
                    tree: PrefixTree | None = None) -> PodPrefixMatch:
     """The prompt's longest run of leading full blocks cached on ``pod`` (its main medium).
 
-    ``scheme`` ``"kvscope"`` matches by hash; None matches by token ids."""
+    ``scheme`` (one of ``SCHEMES``) matches by hash; None matches by token ids."""
     bs = pod.block_size
     tokens = list(token_ids)
     if not bs:
         return PodPrefixMatch(pod.pod, BY_TOKENS if scheme is None else BY_HASH, bs, len(tokens), 0, ())
     tree = tree or PrefixTree(pod)
     found: list[str] = []
-    if scheme == KVSCOPE:
-        for h in kvscope_chain(tokens, bs):
+    if scheme is not None:
+        for h in stream_chain(tokens, bs, scheme):
             if h not in tree.blocks:
                 break
             found.append(h)

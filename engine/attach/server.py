@@ -102,7 +102,7 @@ class AttachServer(FrontDoor):
 
     def _prepare(self) -> None:
         for p in self.options.pods:  # a bad endpoint fails the start, before anything is recorded
-            self.subscriptions.append(PodSubscription(p, self.items))
+            self.subscriptions.append(PodSubscription(p, self.items, allow_remote=self.options.allow_remote))
 
     def _abandon(self) -> None:
         for sub in self.subscriptions:

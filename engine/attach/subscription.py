@@ -1,7 +1,8 @@
 """PodSubscription: one pod's KV event stream, complete where it can be, marked where not.
 
 A thread owns a ZMQ SUB socket (connected to the pod's PUB, or bound when the
-endpoint is a wildcard: ``pod_source.subscriber_binds``) and turns what arrives into stream items
+endpoint is a wildcard: ``pod_source.subscriber_binds``, on loopback unless ``allow_remote``:
+``pod_source.bind_endpoint``) and turns what arrives into stream items
 (``engine.attach.stream_items``) on the worker's queue, in order:
 
 - each batch is decoded with ``engine.kv_events.decoder`` (both event encodings);
@@ -29,7 +30,7 @@ import time
 
 import zmq
 
-from engine.attach.pod_source import PodSource, subscriber_binds
+from engine.attach.pod_source import PodSource, bind_endpoint, subscriber_binds
 from engine.attach.seq_tracker import SeqTracker, Verdict
 from engine.attach.stream_items import Hole, NewSegment, Received, StreamItem
 from engine.kv_events.decoder import Frame, KVEventsDecodeError, decode_batch, parse_live
@@ -45,7 +46,7 @@ RCVHWM = 1_000_000  # batches ZMQ may queue for us before it drops (we then repl
 
 class PodSubscription(threading.Thread):
     def __init__(self, source: PodSource, out: queue.Queue[StreamItem],
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, allow_remote: bool = False) -> None:
         super().__init__(name=f"kvscope-attach-{source.pod}", daemon=True)
         self.source = source
         self.out = out
@@ -65,14 +66,20 @@ class PodSubscription(threading.Thread):
         self.sub.setsockopt(zmq.RCVHWM, RCVHWM)
         self.sub.setsockopt(zmq.SUBSCRIBE, source.topic.encode("utf-8"))
         self.sub.linger = 0
+        self.bound = bind_endpoint(source.endpoint, allow_remote) if subscriber_binds(source.endpoint) else None
         try:
-            if subscriber_binds(source.endpoint):
-                self.sub.bind(source.endpoint)
+            if self.bound is not None:
+                if self.bound.startswith("tcp://[::"):
+                    self.sub.setsockopt(zmq.IPV6, 1)
+                self.sub.bind(self.bound)
+                if self.bound != source.endpoint:
+                    log.info("kvscope attach: pod %s: listening on %s only (loopback; --allow-remote "
+                             "binds %s)", source.pod, self.bound, source.endpoint)
             else:
                 self.sub.connect(source.endpoint)
         except zmq.ZMQError as exc:
             self.sub.close(0)
-            raise OSError(f"pod {source.pod!r}: cannot open {source.endpoint}: {exc}") from None
+            raise OSError(f"pod {source.pod!r}: cannot open {self.bound or source.endpoint}: {exc}") from None
 
     def stop(self) -> None:
         self._stopping.set()

@@ -97,8 +97,9 @@ class AttachWorker(threading.Thread):
 
     def _install(self) -> None:
         if self.recorder is not None:
-            self.run_id = self.recorder.start_run(self.config, model=self.config.get("model_name"),
-                                                  label=self.label, kind=RunKind.ATTACHED)
+            # model None: the stream does not say what the pods serve (the label is the label)
+            self.run_id = self.recorder.start_run(self.config, model=None, label=self.label,
+                                                  kind=RunKind.ATTACHED)
         else:
             self.run_id = new_run_id()
         self._out.append(NewRun(self._hello(), Snapshot(-1, self.state.to_snapshot(), {})))

@@ -3,8 +3,10 @@
 For kvscope's tests and for attach mode, which subscribes to vLLM, SGLang or
 kvscope. Decoding is untyped, then branches per event: a map is read by key
 (current vLLM and SGLang), a tagged array by position (vLLM <= 0.23, older
-SGLang). Unknown fields are ignored, missing optional ones read as None, hashes
-may be ints or bytes, an unknown event type becomes ``UnknownEvent``.
+SGLang), both with every field vLLM 0.32 defines (``engine.kv_events.encoding``'s
+field lists). Unknown fields are ignored, missing optional ones read as None, hashes
+may be ints or bytes, an unknown event type becomes ``UnknownEvent``. A batch is an
+array ``[ts, events, rank]`` or (tolerated) a map with those keys.
 
 Frames:
 - live (PUB): ``[topic, seq, payload]``;
@@ -20,14 +22,10 @@ from typing import Any
 
 import msgspec
 
-from engine.kv_events.encoding import END_SEQ
+from engine.kv_events.encoding import END_SEQ, REMOVED_KEYS, STORED_KEYS
 from engine.kv_events.types import (
     AllBlocksCleared, BlockRemoved, BlockStored, DecodedEvent, KVEventBatch, UnknownEvent,
 )
-
-_STORED_KEYS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                "medium", "lora_name")
-_REMOVED_KEYS = ("block_hashes", "medium")
 
 
 class KVEventsDecodeError(ValueError):
@@ -100,7 +98,7 @@ def decode_event(obj: Any) -> DecodedEvent:
         get = obj.get
     elif isinstance(obj, list) and obj:
         tag = obj[0]
-        keys = {"BlockStored": _STORED_KEYS, "BlockRemoved": _REMOVED_KEYS}.get(tag, ())
+        keys = {"BlockStored": STORED_KEYS, "BlockRemoved": REMOVED_KEYS}.get(tag, ())
         values = dict(zip(keys, obj[1:]))  # extra trailing fields: ignored
         get = values.get
     else:
@@ -118,13 +116,39 @@ def decode_event(obj: Any) -> DecodedEvent:
         size = get("block_size")
         if not isinstance(size, int) or isinstance(size, bool):
             raise KVEventsDecodeError(f"BlockStored.block_size must be an integer, got {_brief(size)}")
-        return BlockStored(hashes, parent, tuple(tokens), size, get("lora_id"), get("medium"),
-                           get("lora_name"))
+        extra = get("extra_keys")
+        if extra is not None:
+            if not isinstance(extra, list) or not all(k is None or isinstance(k, list) for k in extra):
+                raise KVEventsDecodeError(f"BlockStored.extra_keys must be an array of arrays or nulls, "
+                                          f"got {_brief(extra)}")
+            extra = tuple(None if k is None else _frozen(k) for k in extra)
+        return BlockStored(hashes, parent, tuple(tokens), size, _opt(get, tag, "lora_id", int),
+                           _opt(get, tag, "medium", str), _opt(get, tag, "lora_name", str), extra,
+                           _opt(get, tag, "group_idx", int), _opt(get, tag, "kv_cache_spec_kind", str),
+                           _opt(get, tag, "kv_cache_spec_sliding_window", int),
+                           _opt(get, tag, "locality", str), _opt(get, tag, "ownership", str),
+                           _opt(get, tag, "session_id", str))
     if tag == "BlockRemoved":
-        return BlockRemoved(_hashes(get("block_hashes"), tag), get("medium"))
+        return BlockRemoved(_hashes(get("block_hashes"), tag), _opt(get, tag, "medium", str),
+                            _opt(get, tag, "group_idx", int), _opt(get, tag, "locality", str),
+                            _opt(get, tag, "ownership", str))
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     return UnknownEvent(tag)
+
+
+def _opt(get: Any, tag: str, key: str, kind: type) -> Any:
+    """An optional field: None or a value of ``kind`` (never a bool for an int)."""
+    v = get(key)
+    if v is None or (isinstance(v, kind) and not isinstance(v, bool)):
+        return v
+    raise KVEventsDecodeError(f"{tag}.{key} must be {'an integer' if kind is int else 'a string'} "
+                              f"or null, got {_brief(v)}")
+
+
+def _frozen(v: Any) -> Any:
+    """Arrays as tuples, all the way down (extra keys such as ``[mm_hash, offset]``)."""
+    return tuple(_frozen(x) for x in v) if isinstance(v, list) else v
 
 
 def _hashes(v: Any, tag: str) -> tuple[int | bytes, ...]:

@@ -5,10 +5,12 @@
 - ``"map"``: each event is a map with the tag first, ``{"type": "BlockStored",
   "block_hashes": ..., ...}``, fields in vLLM's order (current vLLM, since its PR #42892).
 - ``"array"``: each event is a tagged array, ``["BlockStored", block_hashes, ...]``
-  (vLLM <= 0.23 and SGLang). Positional decoders of older versions ignore the trailing
-  fields they do not know, and newer ones read missing trailing fields as unset.
+  (vLLM <= 0.23 and SGLang), up to its last field that is set: the defaulted fields
+  vLLM added later go only as far as needed (msgspec's ``array_like`` would send them
+  all). Positional decoders of older versions ignore the trailing fields they do not
+  know, and newer ones read missing trailing fields as unset.
 
-The structs are built from one field list per event, so both encodings cannot drift.
+Both encodings are built from one field list per event, so they cannot drift.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any
 
 import msgspec
 
+from engine.kv_events.config import ENCODINGS
 from engine.kv_events.types import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
+# vLLM 0.32's fields, in its order: the required ones, then the defaulted ones (None: omitted).
 _STORED_FIELDS = [
     ("block_hashes", list[int | bytes]),
     ("parent_block_hash", int | bytes | None),
@@ -27,19 +31,30 @@ _STORED_FIELDS = [
     ("lora_id", int | None),
     ("medium", str | None),
     ("lora_name", str | None),
+    ("extra_keys", list[Any] | None, None),
+    ("group_idx", int | None, None),
+    ("kv_cache_spec_kind", str | None, None),
+    ("kv_cache_spec_sliding_window", int | None, None),
+    ("locality", str | None, None),
+    ("ownership", str | None, None),
+    ("session_id", str | None, None),
 ]
-_REMOVED_FIELDS = [("block_hashes", list[int | bytes]), ("medium", str | None)]
+_REMOVED_FIELDS = [("block_hashes", list[int | bytes]), ("medium", str | None),
+                   ("group_idx", int | None, None), ("locality", str | None, None),
+                   ("ownership", str | None, None)]
+STORED_KEYS = tuple(f[0] for f in _STORED_FIELDS)  # the decoder reads a tagged array by these
+REMOVED_KEYS = tuple(f[0] for f in _REMOVED_FIELDS)
 
 
-def _structs(array_like: bool) -> tuple[type, type, type]:
-    # tag=True: the tag is the class name, under "type" in a map, first in an array.
-    kw: dict[str, Any] = dict(array_like=array_like, omit_defaults=True, gc=False, tag=True)
-    return (msgspec.defstruct("BlockStored", _STORED_FIELDS, **kw),
-            msgspec.defstruct("BlockRemoved", _REMOVED_FIELDS, **kw),
-            msgspec.defstruct("AllBlocksCleared", [], **kw))
-
-
-_FAMILIES = {"map": _structs(array_like=False), "array": _structs(array_like=True)}
+# tag=True: the tag is the class name, under "type" first in the map; omit_defaults: a
+# defaulted field left None is not sent (vLLM's KVCacheEvent options).
+_KW: dict[str, Any] = dict(omit_defaults=True, gc=False, tag=True)
+_MAP_STRUCTS = {BlockStored: msgspec.defstruct("BlockStored", _STORED_FIELDS, **_KW),
+                BlockRemoved: msgspec.defstruct("BlockRemoved", _REMOVED_FIELDS, **_KW),
+                AllBlocksCleared: msgspec.defstruct("AllBlocksCleared", [], **_KW)}
+_KEYS = {BlockStored: STORED_KEYS, BlockRemoved: REMOVED_KEYS, AllBlocksCleared: ()}
+_REQUIRED = {cls: sum(len(f) == 2 for f in fields) for cls, fields in
+             ((BlockStored, _STORED_FIELDS), (BlockRemoved, _REMOVED_FIELDS), (AllBlocksCleared, []))}
 
 
 class _WireBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -52,21 +67,21 @@ class BatchEncoder:
     """Encodes KVEventBatch values to payload bytes in one encoding ("map" or "array")."""
 
     def __init__(self, encoding: str = "map") -> None:
-        if encoding not in _FAMILIES:
-            raise ValueError(f"encoding must be one of {sorted(_FAMILIES)}, got {encoding!r}")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {sorted(ENCODINGS)}, got {encoding!r}")
         self.encoding = encoding
-        self._stored, self._removed, self._cleared = _FAMILIES[encoding]
         self._msgpack = msgspec.msgpack.Encoder()
 
     def _wire(self, e: Any) -> Any:
-        if isinstance(e, BlockStored):
-            return self._stored(list(e.block_hashes), e.parent_block_hash, list(e.token_ids),
-                                e.block_size, e.lora_id, e.medium, e.lora_name)
-        if isinstance(e, BlockRemoved):
-            return self._removed(list(e.block_hashes), e.medium)
-        if isinstance(e, AllBlocksCleared):
-            return self._cleared()
-        raise TypeError(f"cannot encode {e!r} as a vLLM KV cache event")
+        cls = type(e)
+        if cls not in _KEYS:
+            raise TypeError(f"cannot encode {e!r} as a vLLM KV cache event")
+        values = [getattr(e, k) for k in _KEYS[cls]]
+        if self.encoding == "map":
+            return _MAP_STRUCTS[cls](*values)
+        while len(values) > _REQUIRED[cls] and values[-1] is None:
+            values.pop()
+        return [cls.__name__, *values]
 
     def encode(self, batch: KVEventBatch) -> bytes:
         wire = _WireBatch(batch.ts, [self._wire(e) for e in batch.events], batch.data_parallel_rank)

@@ -13,6 +13,13 @@
 
 Nothing else is emitted: hits, frees and ref counts are not part of vLLM's stream.
 
+Fields, as a vLLM 0.32 pod fills them for a one-group full-attention model (read off
+a real ``vllm serve``'s bytes, tests/vllm/test_kv_events.py): ``medium`` ``"GPU"``
+(vLLM's name for the engine's own KV pool, on a CPU build too), ``group_idx`` 0,
+``kv_cache_spec_kind`` ``"full_attention"`` and ``extra_keys`` one null per block on
+``BlockStored``; ``medium`` and ``group_idx`` on ``BlockRemoved``; ``lora_id`` and
+``lora_name`` null (kvscope has no LoRA).
+
 Which evictions belong to a reset: with ``block_evicted.reason`` ("reuse" | "reset"
 | "rollback") the event says so. Without it (older recordings), a reset logs its
 evictions back to back right before ``prefix_cache_reset``, while a reuse eviction
@@ -25,17 +32,27 @@ Hashes: kvscope's block hash is a sha256 hex digest; vLLM sends
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from engine.events.schema.types import BlockCached, BlockEvicted, Event, PrefixCacheReset
-from engine.kv_events.types import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from engine.kv_events.types import (
+    MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent,
+)
 
 _KV_TYPES = (BlockCached, BlockEvicted, PrefixCacheReset)
+GROUP_IDX = 0  # kvscope's pool is one KV cache group
+SPEC_KIND = "full_attention"  # vLLM's KVCacheSpecKind of every layer kvscope runs
 
 
 def vllm_block_hash(hex_digest: str) -> int:
     """The uint64 vLLM would send for this digest (its ``maybe_convert_block_hash``)."""
     return int(hex_digest[-16:], 16)  # last 8 bytes of a big-endian integer = its low 64 bits
+
+
+def is_reset_only(events: Sequence[Event]) -> bool:
+    """True for the events of a prefix-cache reset alone (its evictions and the reset)."""
+    return (any(isinstance(e, PrefixCacheReset) for e in events)
+            and all(isinstance(e, (PrefixCacheReset, BlockEvicted)) for e in events))
 
 
 def has_kv_events(events: Iterable[Event]) -> bool:
@@ -65,10 +82,10 @@ class _Run:
 
     def event(self, medium: str | None) -> BlockStored:
         return BlockStored(tuple(self.hashes), self.parent, tuple(self.tokens), self.block_size,
-                           None, medium, None)
+                           None, medium, None, (None,) * len(self.hashes), GROUP_IDX, SPEC_KIND)
 
 
-def to_kv_events(events: Iterable[Event], medium: str | None) -> list[KVCacheEvent]:
+def to_kv_events(events: Iterable[Event], medium: str | None = MEDIUM_GPU) -> list[KVCacheEvent]:
     """vLLM's KV cache events for one step's kvscope events, in order."""
     out: list[KVCacheEvent | _Run] = []
     run: _Run | None = None  # the BlockStored the next block_cached may extend
@@ -87,7 +104,7 @@ def to_kv_events(events: Iterable[Event], medium: str | None) -> list[KVCacheEve
             reason = getattr(e, "reason", None)
             if reason == "reset":
                 continue
-            out.append(BlockRemoved((vllm_block_hash(e.hash),), medium))
+            out.append(BlockRemoved((vllm_block_hash(e.hash),), medium, GROUP_IDX))
             if reason is None:
                 reasonless.append(len(out) - 1)
             else:

@@ -9,6 +9,12 @@ absent subscriber costs at most ``hwm`` queued messages, then ZMQ drops for it.
 The same thread keeps the last ``buffer_steps`` batches and answers replay requests
 on a ROUTER (``engine.kv_events.replay``).
 
+A step whose only KV events are a prefix-cache reset (kvscope's engine takes a step of its
+own to hand a reset's events over) is held back and sent with the next step's batch,
+whatever that step caches: vLLM queues a reset's ``AllBlocksCleared`` until its next
+engine step, so a reset and the request after it are one batch in both streams
+(tests/vllm/test_kv_events.py). ``announce_cleared`` (a restart) is sent at once.
+
 When the queue is full (the thread cannot keep up) the step is dropped and counted;
 if it had KV events its seq number is skipped, so subscribers see the hole (and
 replay cannot fill it) instead of a silently wrong cache. vLLM blocks its engine
@@ -35,9 +41,9 @@ from engine.core.errors import ConfigError
 from engine.events.schema.types import Event, PrefixCacheReset
 from engine.kv_events.config import KVEventsConfig, should_bind
 from engine.kv_events.encoding import BatchEncoder, seq_bytes
-from engine.kv_events.mapping import has_kv_events, to_kv_events
+from engine.kv_events.mapping import has_kv_events, is_reset_only, to_kv_events
 from engine.kv_events.replay import ReplayBuffer
-from engine.kv_events.types import KVEventBatch
+from engine.kv_events.types import MEDIUM_GPU, KVEventBatch
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +53,12 @@ CLOSE_LINGER_MS = 1000  # on close, ZMQ keeps sending what is queued for up to t
 
 
 class KVEventsPublisher:
-    def __init__(self, config: KVEventsConfig, medium: str | None, data_parallel_rank: int = 0) -> None:
-        """Bind or connect the sockets now (errors surface here), then start the thread."""
+    def __init__(self, config: KVEventsConfig, medium: str | None = MEDIUM_GPU,
+                 data_parallel_rank: int = 0) -> None:
+        """Bind or connect the sockets now (errors surface here), then start the thread.
+
+        ``medium``: vLLM's ``"GPU"`` is its engine's own KV pool on any device (vLLM 0.32's
+        CPU build sends it too), so it is kvscope's pool's name on CPU and CUDA alike."""
         if not config.active:
             raise ConfigError("kv_events_config does not enable a ZMQ publisher "
                               "(set enable_kv_cache_events: true)")
@@ -60,6 +70,7 @@ class KVEventsPublisher:
         self._lost_before_next = 0  # engine thread only: steps with KV events dropped since the last put
         self._closed = False
         self.seq = 0  # the next batch's sequence number (publisher thread)
+        self._held: list = []  # a reset's events, waiting for the next step (publisher thread)
         self.num_batches = 0
         self.num_dropped_steps = 0  # engine thread: steps dropped because the queue was full
         self.num_replays = 0
@@ -99,13 +110,13 @@ class KVEventsPublisher:
 
     def announce_cleared(self, ts: float | None = None) -> None:
         """Publish ``AllBlocksCleared`` now: the cache this stream described is gone (a restart)."""
-        self._put(time.time() if ts is None else ts, (PrefixCacheReset(0),))
+        self._put(time.time() if ts is None else ts, (PrefixCacheReset(0),), hold_reset=False)
 
-    def _put(self, ts: float, events: Sequence[Event]) -> None:
+    def _put(self, ts: float, events: Sequence[Event], hold_reset: bool = True) -> None:
         if self._closed:
             return
         try:
-            self._queue.put_nowait((ts, events, self._lost_before_next))
+            self._queue.put_nowait((ts, events, self._lost_before_next, hold_reset))
         except queue.Full:
             self.num_dropped_steps += 1
             if has_kv_events(events):
@@ -172,10 +183,14 @@ class KVEventsPublisher:
         finally:
             self._close_sockets(linger=CLOSE_LINGER_MS)
 
-    def _publish(self, ts: float, events: Sequence[Event], lost_before: int) -> None:
+    def _publish(self, ts: float, events: Sequence[Event], lost_before: int, hold_reset: bool) -> None:
         self.seq += lost_before
-        kv = to_kv_events(events, self.medium)
+        kv = self._held + to_kv_events(events, self.medium)
+        self._held = []
         if not kv:
+            return
+        if hold_reset and is_reset_only(events):  # vLLM sends it with its next engine step
+            self._held = kv
             return
         payload = self._encoder.encode(KVEventBatch(ts, tuple(kv), self.data_parallel_rank))
         seq = self.seq

@@ -41,14 +41,17 @@ def format_runs(runs: list[dict[str, Any]]) -> str:
     rows = [header]
     for r in runs:
         cfg = r["config"] or {}
+        model = r["model"]
         if r.get("kind") == "attached":
             pool = f"attached, {len(cfg.get('pods') or [])} pod(s)"
+            if model == cfg.get("model_name"):  # recorded before attach stopped writing its label there
+                model = None
         else:
             pool = f"{cfg.get('num_blocks', '?')}x{cfg.get('block_size', '?')}"
         lost = (f"{r.get('lost_steps') or 0} steps, {r.get('lost_requests') or 0} reqs"
                 if r.get("lost_steps") or r.get("lost_requests") else "")
         rows.append((r["id"], _fmt_time(r["started_at"]), str(r["num_steps"]),
-                     str(r["num_requests"]), pool, r["model"] or "-", r["label"] or "")
+                     str(r["num_requests"]), pool, model or "-", r["label"] or "")
                     + ((lost,) if lossy else ()))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)

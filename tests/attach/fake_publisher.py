@@ -54,8 +54,10 @@ def cleared() -> dict:
 
 
 _ORDER = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                          "medium", "lora_name"),
-          "BlockRemoved": ("block_hashes", "medium"), "AllBlocksCleared": ()}
+                          "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+                          "kv_cache_spec_sliding_window", "locality", "ownership", "session_id"),
+          "BlockRemoved": ("block_hashes", "medium", "group_idx", "locality", "ownership"),
+          "AllBlocksCleared": ()}  # vLLM 0.32's field order (vllm/distributed/kv_events.py)
 
 
 def as_array(event: dict) -> list:

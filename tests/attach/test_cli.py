@@ -67,7 +67,9 @@ def test_sigterm_ends_the_run_cleanly_with_every_batch_recorded(tmp_path, capsys
     text = capsys.readouterr().out
     assert "| attached |" in text and f"pod gpu-0: {n - 1} cached blocks of 4 tokens" in text
     assert main(["runs", "--db", db]) == 0
-    assert "attached, 1 pod(s)" in capsys.readouterr().out
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[-6:] == ["attached,", "1", "pod(s)", "-", "cli", "run"]  # pool, model unknown, label
+    assert run["model"] is None
 
 
 @pytest.mark.parametrize("argv, message", [

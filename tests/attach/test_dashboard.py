@@ -106,3 +106,16 @@ def test_a_stored_attached_run_replays_with_the_slider_and_every_tab(env):
     assert not at.exception
     at.switch_page("views/attached.py").run()
     assert not at.exception and "**Pod pod-a**" in texts(at) and "**Pod pod-b**" in texts(at)
+
+
+def test_the_event_log_says_what_a_stored_or_removed_block_is_and_where():
+    from dashboard.event_log import _detail
+    from engine.events.schema.types import KVBlockRemoved, KVBlockStored
+
+    full = KVBlockStored(1, "p", ("ab" * 8,), None, (1, 2), 2, 1.0, "GPU", group_idx=0,
+                         kv_cache_spec_kind="full_attention")
+    assert _detail(full)[1] == "pod p; 1 x 2 tokens after the root; GPU, group 0, full_attention"
+    placeholder = KVBlockStored(1, "p", ("cd" * 8,), None, (), 0, 1.0, "CPU_PINNED", locality="LOCAL",
+                                ownership="tier-1")
+    assert _detail(placeholder)[1] == "pod p; a placeholder (hash only, no tokens); CPU_PINNED, LOCAL, tier-1"
+    assert _detail(KVBlockRemoved(2, "p", ("ab" * 8,), 2.0))[1] == "pod p"

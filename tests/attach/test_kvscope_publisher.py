@@ -19,7 +19,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from engine.attach.pod_source import PodSource
-from engine.attach.prefix_match import BY_HASH, BY_TOKENS, KVSCOPE, detect_scheme, longest_prefix
+from engine.attach.prefix_match import BY_HASH, BY_TOKENS, SHA256, detect_scheme, longest_prefix
 from engine.attach.tokenizer_file import resolve_tokenizer_file
 from engine.client import KVScopeClient
 from engine.events.schema.hash_key import hash_key
@@ -104,8 +104,8 @@ def test_attach_follows_kvscope_serve_exactly(tiny_llama, tmp_path):
             prompt = SYSTEM + "what is a slot?"
             ids = Tokenizer.from_file(tokenizer).encode(prompt).ids
             pod = srv.worker.state.to_snapshot().pods[POD]
-            assert detect_scheme(pod) == KVSCOPE
-            by_hash = longest_prefix(pod, ids, KVSCOPE)
+            assert detect_scheme(pod) == SHA256  # kvscope's default: vLLM's hashes
+            by_hash = longest_prefix(pod, ids, SHA256)
             by_tokens = longest_prefix(pod, ids, None)
             assert (by_hash.method, by_tokens.method) == (BY_HASH, BY_TOKENS)
             assert by_hash.hashes == by_tokens.hashes and by_hash.num_blocks >= 4

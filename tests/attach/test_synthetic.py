@@ -9,6 +9,7 @@ import json
 import msgspec
 import pytest
 
+from engine.attach.pod_source import PodSource
 from engine.store.commands import replay_json
 from engine.store.runs import RunStore
 from tests.attach.fake_publisher import FakePublisher, cleared, removed, stored
@@ -53,7 +54,7 @@ def attached(tmp_path):
 
 def workload(h: list) -> list[list[dict]]:
     """Batches over hashes h[0..5]: a 3-block chain, a branch below its first block, an
-    eviction, a reuse of a leaf (stored again: vLLM's "full" report mode)."""
+    eviction, a leaf stored again (recomputed into a second copy, as vLLM v1 does)."""
     t = list(range(100, 100 + 6 * BS))
     return [
         [stored(h[0:3], None, t[0:12], BS)],
@@ -80,7 +81,7 @@ def test_both_encodings_and_hash_kinds_fold_to_the_published_cache(pubs, attache
     assert by[key(h[1])].parent == key(h[0]) and by[key(h[3])].parent == key(h[0])
     assert by[key(h[5])].parent == key(h[4]) and by[key(h[0])].parent is None
     assert by[key(h[3])].token_ids == (112, 113, 114, 115)
-    assert by[key(h[4])].reuses == 1  # stored again while cached
+    assert (by[key(h[4])].reuses, by[key(h[4])].copies) == (0, 2)  # recomputed while cached
     assert by[key(h[0])].reuses == 1  # the branch: a second request shared block 0
     assert snap.block_size == BS and snap.removed_blocks == 1 and snap.unknown_removals == 0
     srv.stop()
@@ -106,14 +107,17 @@ def test_unknown_fields_and_event_types_are_ignored(pubs, attached):
     pub = pubs(encoding="array")
     srv = attached(source(pub))
     pub.wait_subscriber()
-    # a newer engine: extra trailing fields (array) and an event type nobody knows yet
-    pub.publish([stored([1, 2], None, list(range(8)), BS, extra_keys=None, group_idx=0, future=[1]),
+    # vLLM 0.32's trailing fields in its order, then a newer engine's field and event type
+    pub.publish([stored([1, 2], None, list(range(8)), BS, extra_keys=[None, ["salt"]], group_idx=0,
+                        kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128,
+                        locality="LOCAL", ownership=None, session_id="s1", future=[1]),
                  {"type": "BlockPinned", "block_hashes": [1]}])
     mp = pubs(encoding="map")
     srv2 = attached(source(mp, "pod-b"))
     mp.wait_subscriber()
-    mp.publish([stored([3], None, list(range(4)), BS, ownership="local", kv_cache_spec_kind="full"),
-                removed([3], locality="gpu0")])
+    mp.publish([stored([3], None, list(range(4)), BS, ownership="tier-2", kv_cache_spec_kind="full",
+                       future={"x": 1}),
+                removed([3], locality="REMOTE", group_idx=1)])
     wait_until(lambda: cached(srv) == {key(1), key(2)}, what="pod-a")
     wait_until(lambda: srv2.worker.state.pods.get("pod-b") is not None
                and srv2.worker.state.pods["pod-b"].removed_blocks == 1, what="pod-b")
@@ -122,6 +126,14 @@ def test_unknown_fields_and_event_types_are_ignored(pubs, attached):
     _, records = recorded(srv)
     assert records[-1].metrics["unknown_events"] == ["BlockPinned"]
     assert kinds(records) == ["kv_segment", "kv_block_stored"]
+    e = records[-1].events[0]  # kept as sent (session_id aside), through the recording
+    assert (e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window, e.extra_keys,
+            e.locality, e.ownership) == (0, "sliding_window", 128, (None, ["salt"]), "LOCAL", None)
+    srv2.stop()
+    _, records = recorded(srv2)
+    st, rm = records[-1].events  # one batch, one step
+    assert (st.ownership, st.kv_cache_spec_kind, st.group_idx) == ("tier-2", "full", None)
+    assert (rm.locality, rm.group_idx, rm.ownership) == ("REMOTE", 1, None)
 
 
 @pytest.mark.parametrize("layout", [2, 3])
@@ -300,3 +312,24 @@ def test_two_pods_with_different_caches_and_the_prefix_lookup_on_each(pubs, atta
     pods_seen = [r.metrics["pod"] for r in records]
     assert sorted(pods_seen) == ["pod-a", "pod-a", "pod-b", "pod-b", "pod-b"]
     assert records[-1].metrics["cached_blocks"] == {"pod-a": 4, "pod-b": 3}
+
+
+@pytest.mark.parametrize("allow_remote", [False, True])
+def test_a_wildcard_endpoint_is_bound_on_loopback_unless_allow_remote(allow_remote):
+    """Pods that connect out (llm-d style) reach attach on tcp://*:PORT; without --allow-remote
+    attach listens on 127.0.0.1 only, as serve keeps its KV event sockets to this machine."""
+    import queue as queue_mod
+
+    import zmq
+
+    from engine.attach.subscription import PodSubscription
+    from tests.attach.fake_publisher import free_port
+
+    port = free_port()
+    sub = PodSubscription(PodSource("p", f"tcp://*:{port}"), queue_mod.Queue(), allow_remote=allow_remote)
+    try:
+        want = f"tcp://{'0.0.0.0' if allow_remote else '127.0.0.1'}:{port}"
+        assert sub.sub.getsockopt(zmq.LAST_ENDPOINT).decode() == want
+        assert sub.bound == (f"tcp://*:{port}" if allow_remote else f"tcp://127.0.0.1:{port}")
+    finally:
+        sub.sub.close(0)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.attach.pod_source import PodSource, default_pod_name, subscriber_binds
-from engine.attach.prefix_match import BY_TOKENS, KVSCOPE, detect_scheme, kvscope_chain, longest_prefix
+from engine.attach.pod_source import PodSource, bind_endpoint, default_pod_name, subscriber_binds
+from engine.attach.prefix_match import (
+    BY_TOKENS, KVSCOPE, SCHEMES, SHA256, detect_scheme, longest_prefix, stream_chain,
+)
 from engine.attach.prom_scrape import ScrapeFold, quantile, read_sample
 from engine.attach.seq_tracker import SeqTracker, Verdict
 from engine.core.errors import ConfigError
@@ -118,6 +120,39 @@ def test_hash_snapshot_round_trips_and_dispatches_by_kind():
         RunKind.of("nope")
 
 
+def test_a_recomputed_block_is_a_second_copy_and_outlives_one_removal():
+    """vLLM v1 keeps two physical blocks under one hash when a request recomputes a cached
+    block, and sends BlockStored for each and BlockRemoved for each: the hash stays cached
+    until its last copy goes (the tiny-pool case of issue 32)."""
+    log = ResidencyLog()
+    s = HashCacheState(residency=log)
+    s.apply_events([stored(1, "a", ["a1", "a2"], None, ts=1.0),
+                    stored(2, "a", ["a2"], "a1", ts=2.0)])  # recomputed: a second copy
+    blocks = {b.hash: b for b in s.to_snapshot().pods["a"].blocks}
+    assert (blocks["a2"].copies, blocks["a2"].reuses, blocks["a1"].copies) == (2, 0, 1)
+    assert log.values("reuse_gap_s") == []  # a recomputation is not a reuse
+    s.apply_event(KVBlockRemoved(3, "a", ("a2",), 3.0, "GPU"))
+    assert s.cached("a") == {"a1", "a2"} and log.values("lifetime_s") == []
+    again = HashCacheState.from_snapshot(s.to_snapshot().to_dict())  # copies survive a snapshot
+    assert {b.hash: b.copies for b in again.to_snapshot().pods["a"].blocks} == {"a1": 1, "a2": 1}
+    for state in (s, again):
+        state.apply_event(KVBlockRemoved(4, "a", ("a2",), 4.0, "GPU"))
+        assert state.cached("a") == {"a1"}
+    p = s.pods["a"]
+    assert (p.stored_blocks, p.removed_blocks, p.unknown_removals) == (2, 2, 0)
+    assert log.values("lifetime_s") == [3.0]  # stored at 1, its last copy removed at 4
+
+
+def test_a_placeholder_store_holds_a_hash_without_tokens():
+    s = HashCacheState()
+    s.apply_events([stored(1, "a", ["a1"], None, block_size=4),
+                    KVBlockStored(2, "a", ("c1",), None, (), 0, 2.0, "CPU_PINNED", locality="LOCAL")])
+    view = s.to_snapshot().pods["a"]
+    assert view.block_size == 4 and s.cached("a") == {"a1", "c1"}
+    assert {b.hash: (b.medium, b.token_ids) for b in view.blocks}["c1"] == ("CPU_PINNED", ())
+    assert KVBlockStored(2, "a", ("c1",), None, (), 0, 2.0).is_placeholder
+
+
 def test_prefix_tree_and_shared_prefixes():
     s = HashCacheState()
     s.apply_events([stored(1, "a", ["01", "02", "03"], None), stored(2, "a", ["04", "05"], "02"),
@@ -133,27 +168,39 @@ def test_prefix_tree_and_shared_prefixes():
     assert shared[0].token_ids == (1, 1, 2, 2) and shared[0].tokens_shared == 8
 
 
-def test_prefix_lookup_by_kvscope_hashes_and_by_token_ids():
+def test_prefix_lookup_by_vllms_sha256_hashes_and_by_token_ids():
     bs = 4
     prompt = list(range(50, 63))  # 13 tokens: 3 full blocks
-    h0 = hash_block(None, prompt[0:4])
-    h1 = hash_block(h0, prompt[4:8])
-    assert kvscope_chain(prompt, bs) == [hash_key(int(h0[-16:], 16)), hash_key(int(h1[-16:], 16)),
-                                         kvscope_chain(prompt, bs)[2]]
-    chain = kvscope_chain(prompt, bs)
+    h0 = hash_block(None, prompt[0:4], algo="sha256")
+    h1 = hash_block(h0, prompt[4:8], algo="sha256")
+    chain = stream_chain(prompt, bs)
+    assert chain[:2] == [hash_key(int(h0[-16:], 16)), hash_key(int(h1[-16:], 16))] and len(chain) == 3
     s = HashCacheState()
     s.apply_events([KVBlockStored(1, "a", tuple(chain[:2]), None, tuple(prompt[:8]), bs, 1.0, "GPU"),
                     KVBlockStored(2, "b", ("f1",), None, tuple(prompt[:4]), bs, 1.0, "GPU")])
     pods = s.to_snapshot().pods
-    assert detect_scheme(pods["a"]) == KVSCOPE and detect_scheme(pods["b"]) is None
-    a = longest_prefix(pods["a"], prompt, KVSCOPE)
+    assert detect_scheme(pods["a"]) == SHA256 and detect_scheme(pods["b"]) is None
+    a = longest_prefix(pods["a"], prompt, SHA256)
     assert (a.num_blocks, a.num_tokens, a.hit_tokens, a.hashes) == (2, 8, 8, tuple(chain[:2]))
     assert longest_prefix(pods["a"], prompt, None).hashes == a.hashes
     b = longest_prefix(pods["b"], prompt, None)
     assert (b.method, b.num_blocks, b.hashes) == (BY_TOKENS, 1, ("f1",))
     # the last prompt token is never a hit: an 8-token prompt with 2 cached blocks hits 4
-    assert longest_prefix(pods["a"], prompt[:8], KVSCOPE).hit_tokens == 4
+    assert longest_prefix(pods["a"], prompt[:8], SHA256).hit_tokens == 4
     assert longest_prefix(pods["a"], [9] + prompt[1:], None).num_blocks == 0
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_detect_scheme_tells_each_hash_algorithm_apart(scheme):
+    prompt = list(range(7, 19))
+    chain = stream_chain(prompt, 4, scheme)
+    assert len(set(chain)) == 3 and all(stream_chain(prompt, 4, o) != chain for o in SCHEMES if o != scheme)
+    s = HashCacheState()
+    s.apply_events([KVBlockStored(1, "a", tuple(chain), None, tuple(prompt), 4, 1.0, "GPU")])
+    pod = s.to_snapshot().pods["a"]
+    assert detect_scheme(pod) == scheme
+    assert longest_prefix(pod, prompt + [1], scheme).hashes == tuple(chain)
+    assert KVSCOPE in SCHEMES
 
 
 VLLM_TEXT = """# HELP vllm:kv_cache_usage_perc KV-cache usage.
@@ -230,3 +277,20 @@ def test_pod_sources_are_checked():
                     ({"endpoint": "tcp://x:1", "pod": ""}, "pod name")):
         with pytest.raises(ConfigError, match=msg):
             PodSource(**{"pod": "p", **kw})
+
+
+def test_a_wildcard_kv_events_endpoint_binds_loopback_unless_allow_remote():
+    assert bind_endpoint("tcp://*:5557", False) == "tcp://127.0.0.1:5557"
+    assert bind_endpoint("tcp://[::]:5557", False) == "tcp://[::1]:5557"
+    assert bind_endpoint("tcp://*:5557", True) == "tcp://*:5557"
+    assert bind_endpoint("tcp://[::]:5557", True) == "tcp://[::]:5557"
+
+
+def test_runs_listing_shows_no_model_for_an_attached_run():
+    from engine.store.commands import format_runs
+
+    base = {"id": "r1", "started_at": 0.0, "num_steps": 3, "num_requests": 0, "kind": "attached",
+            "label": "prod pods", "config": {"model_name": "prod pods", "pods": [{}, {}]}}
+    for model in (None, "prod pods"):  # new rows, and rows recorded with the label as model
+        row = format_runs([{**base, "model": model}]).splitlines()[1].split()
+        assert row[-6:] == ["attached,", "2", "pod(s)", "-", "prod", "pods"]

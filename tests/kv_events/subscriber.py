@@ -35,13 +35,13 @@ class BlockStored(_MapEvent):
     lora_id: Union[int, None]
     medium: Union[str, None]
     lora_name: Union[str, None]
-    event_version: int = 1
     extra_keys: Union[list, None] = None
     group_idx: Union[int, None] = None
     kv_cache_spec_kind: Union[str, None] = None
     kv_cache_spec_sliding_window: Union[int, None] = None
     locality: Union[str, None] = None
     ownership: Union[str, None] = None
+    session_id: Union[str, None] = None
 
 
 class BlockRemoved(_MapEvent):

@@ -4,7 +4,6 @@ import random
 import uuid
 
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
 from engine.core import ConfigError
@@ -12,7 +11,7 @@ from tests.kv_events.subscriber import Subscriber
 from tests.kv_events.test_mapping import vllm_int
 from tests.kv_events.test_publisher import free_port
 
-MEDIUM = "GPU" if torch.cuda.is_available() else "CPU"  # the engine's device="auto"
+MEDIUM = "GPU"  # vLLM's name for the engine's own pool, on any device (vLLM 0.32 on CPU sends it)
 ENGINE = dict(block_size=4, num_kv_blocks=24, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=6)
 
 

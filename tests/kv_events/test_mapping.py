@@ -33,14 +33,15 @@ class Mirror:
             if isinstance(e, BlockStored):
                 self.stored_sizes.append(len(e.block_hashes))
                 assert len(e.token_ids) == e.block_size * len(e.block_hashes)
-                assert e.medium == "CPU" and e.lora_id is None and e.lora_name is None
+                assert (e.medium, e.group_idx, e.kv_cache_spec_kind, e.lora_id, e.lora_name) == ("GPU", 0, "full_attention", None, None)
+                assert e.extra_keys == (None,) * len(e.block_hashes)
                 parent = e.parent_block_hash
                 for i, h in enumerate(e.block_hashes):
                     assert h not in self.blocks, "stored twice without a removal"
                     self.blocks[h] = (tuple(e.token_ids[i * e.block_size:(i + 1) * e.block_size]), parent)
                     parent = h
             elif isinstance(e, BlockRemoved):
-                assert e.medium == "CPU"
+                assert (e.medium, e.group_idx) == ("GPU", 0)
                 for h in e.block_hashes:
                     del self.blocks[h]  # KeyError: removed a hash the stream never stored
             else:
@@ -55,7 +56,7 @@ def truth(s) -> dict[int, tuple[tuple[int, ...], int | None]]:
 
 
 def fold_step(s, mirror: Mirror) -> list:
-    kv = to_kv_events(s.log.drain(), "CPU")
+    kv = to_kv_events(s.log.drain())
     mirror.fold(kv)
     assert mirror.blocks == truth(s), f"drift after step {s.step}"
     return kv
@@ -189,20 +190,21 @@ def test_reuse_rollback_and_reset_evictions_map_with_or_without_reason(with_reas
         BlockAllocated(1, 6, "q", 1),
         evicted(0, H[0], r("reset")), evicted(1, H[1], r("reset")), PrefixCacheReset(1),
     ]
-    assert to_kv_events(events, "GPU") == [
+    assert to_kv_events(events) == [  # vLLM 0.32's fields: medium GPU, group 0, full attention
         BlockStored((vllm_int(H[0]), vllm_int(H[1]), vllm_int(H[2])), None, (0,) * 4 + (1,) * 4 + (2,) * 4,
-                    4, None, "GPU", None),
-        BlockRemoved((vllm_int(H[5]),), "GPU"),
-        BlockStored((vllm_int(H[3]),), vllm_int(H[2]), (3, 3, 3, 3), 4, None, "GPU", None),
-        BlockRemoved((vllm_int(H[3]),), "GPU"),
-        BlockRemoved((vllm_int(H[2]),), "GPU"),
+                    4, None, "GPU", None, (None,) * 3, 0, "full_attention"),
+        BlockRemoved((vllm_int(H[5]),), "GPU", 0),
+        BlockStored((vllm_int(H[3]),), vllm_int(H[2]), (3, 3, 3, 3), 4, None, "GPU", None, (None,), 0,
+                    "full_attention"),
+        BlockRemoved((vllm_int(H[3]),), "GPU", 0),
+        BlockRemoved((vllm_int(H[2]),), "GPU", 0),
         AllBlocksCleared(),
     ]
 
 
 def test_with_reason_a_rollback_right_before_a_reset_is_still_removed():
     events = [evicted(4, H[4], "rollback"), evicted(0, H[0], "reset"), PrefixCacheReset(1)]
-    assert to_kv_events(events, None) == [BlockRemoved((vllm_int(H[4]),), None), AllBlocksCleared()]
+    assert to_kv_events(events, None) == [BlockRemoved((vllm_int(H[4]),), None, 0), AllBlocksCleared()]
     # a reset eviction is never a removal, even without its reset event in the same list
     assert to_kv_events([evicted(0, H[0], "reset")], None) == []
 

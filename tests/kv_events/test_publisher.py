@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from engine.core import ConfigError
-from engine.events.schema.types import BlockCached
+from engine.events.schema.types import BlockCached, BlockEvicted, PrefixCacheReset
 from engine.kv_events.config import KVEventsConfig
 from engine.kv_events.publisher import KVEventsPublisher
 from tests.core.driver import make_scheduler, req, step
@@ -102,18 +102,45 @@ def test_frames_are_topic_seq_payload_byte_exact(opened):
     frames = sub.sub.recv_multipart()
     assert frames == [b"kv@pod-1@tiny", first.to_bytes(8, "big"), b"".join([
         b"\x93\xcb", bytes.fromhex("3ff8000000000000"), b"\x91",
-        b"\x88", fixstr("type"), fixstr("BlockStored"),
+        b"\x8b", fixstr("type"), fixstr("BlockStored"),
         fixstr("block_hashes"), b"\x92", uint64(vllm_int(a)), uint64(vllm_int(b)),
         fixstr("parent_block_hash"), b"\xc0",
         fixstr("token_ids"), b"\x94\x01\x02\x03\xcd\x01\x2c",
         fixstr("block_size"), b"\x02", fixstr("lora_id"), b"\xc0",
         fixstr("medium"), fixstr("CPU"), fixstr("lora_name"), b"\xc0",
+        fixstr("extra_keys"), b"\x92\xc0\xc0", fixstr("group_idx"), b"\x00",
+        b"\xb2kv_cache_spec_kind", fixstr("full_attention"),
         b"\x00"])]
     assert sub.sub.poll(5000)
     topic, seq, payload = sub.sub.recv_multipart()
     assert seq == (first + 1).to_bytes(8, "big")  # the empty step took no seq
     assert payload == b"\x93\xcb" + bytes.fromhex("4004000000000000") + b"\x91\x81" + fixstr("type") \
         + fixstr("AllBlocksCleared") + b"\x00"
+
+
+def test_a_reset_goes_out_with_the_next_step_as_in_vllm(opened):
+    """kvscope steps once to hand a reset's events over; vLLM queues AllBlocksCleared until its
+    next engine step. So the reset waits for the next step, with or without KV events of its own."""
+    from engine.kv_events.decoder import decode_batch
+
+    sub = opened(Subscriber())
+    pub = opened(publisher(sub.endpoint))
+    connected(pub, sub)
+    first = pub.seq
+    a = "ab" * 32
+    reset = [BlockEvicted(1, 0, a, "reset"), PrefixCacheReset(1)]
+    pub.on_step(SimpleNamespace(ts=1.0, events=reset))
+    assert pub.flush() and pub.seq == first and not sub.sub.poll(300)  # held
+    pub.on_step(SimpleNamespace(ts=2.0, events=[BlockCached(2, 3, a, None, (1, 2))]))
+    pub.on_step(SimpleNamespace(ts=3.0, events=reset))
+    pub.on_step(SimpleNamespace(ts=4.0, events=[]))  # a step that caches nothing still carries it
+    assert pub.flush()
+    got = []
+    while len(got) < 2 and sub.sub.poll(5000):
+        _, seq, payload = sub.sub.recv_multipart()
+        got.append((int.from_bytes(seq, "big"), decode_batch(payload)))
+    assert [(seq, b.ts, [type(e).__name__ for e in b.events]) for seq, b in got] == [
+        (first, 2.0, ["AllBlocksCleared", "BlockStored"]), (first + 1, 4.0, ["AllBlocksCleared"])]
 
 
 def test_array_encoding_on_the_wire(opened):

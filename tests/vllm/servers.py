@@ -129,6 +129,7 @@ class Server:
     log_path: Path
     startup_s: float = 0.0
     events_endpoint: str | None = None
+    replay_endpoint: str | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -180,12 +181,13 @@ def _wait_until(server: Server, ready, timeout: float, what: str) -> None:
 
 
 def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | None = None,
-               events: bool = True, enforce_eager: bool = True, extra_args: tuple[str, ...] = (),
-               log_dir: str | os.PathLike | None = None) -> Server:
+               events: bool = True, replay: bool = False, enforce_eager: bool = True,
+               extra_args: tuple[str, ...] = (), log_dir: str | os.PathLike | None = None) -> Server:
     """``vllm serve`` on a free loopback port, waited for until ``/health`` answers 200.
 
     ``events``: KV cache events on an ``ipc://`` PUB socket (a ``tcp://127.0.0.1`` endpoint
-    makes vLLM connect out rather than bind); its address is ``server.events_endpoint``.
+    makes vLLM connect out rather than bind); its address is ``server.events_endpoint``, and
+    with ``replay`` its replay ROUTER's (ipc:// too) ``server.replay_endpoint``.
     ``num_gpu_blocks_override``: the pool's size in blocks, vLLM's null block included (64
     usable blocks is 65). ``enforce_eager`` (the default) skips torch.compile: about 30 s
     to /health on the 2-core box rather than 68 s compiled (measured; the issue saw 75-160 s),
@@ -208,11 +210,13 @@ def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | N
         cmd.append("--enforce-eager")
     if num_gpu_blocks_override is not None:
         cmd += ["--num-gpu-blocks-override", str(num_gpu_blocks_override)]
-    endpoint = None
+    endpoint = replay_endpoint = None
     if events:
         endpoint = f"ipc://{log_dir}/vllm-kv-{port}.sock"
-        cmd += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                  "endpoint": endpoint})]
+        kv_config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
+        if replay:
+            kv_config["replay_endpoint"] = replay_endpoint = f"ipc://{log_dir}/vllm-kv-replay-{port}.sock"
+        cmd += ["--kv-events-config", json.dumps(kv_config)]
     cmd += list(extra_args)
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "VLLM_CPU_KVCACHE_SPACE")}
@@ -224,7 +228,7 @@ def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | N
     proc = subprocess.Popen(cmd, cwd=log_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
-    server = Server(proc, port, log_path, events_endpoint=endpoint,
+    server = Server(proc, port, log_path, events_endpoint=endpoint, replay_endpoint=replay_endpoint,
                     extra={"num_gpu_blocks_override": num_gpu_blocks_override, "cmd": cmd})
 
     def healthy() -> bool:

@@ -11,17 +11,15 @@ Each server gets the whole workload alone: vLLM first, then kvscope.
 
 from __future__ import annotations
 
-import json
-import time
 
 import msgspec
 import pytest
-import zmq
 
 from engine.core.hashing import DEFAULT_HASH_ALGO, BlockHasher
 from engine.kv_events.mapping import vllm_block_hash
 from tests.kv_events.subscriber import DECODERS, kind
-from tests.vllm.servers import BLOCK_SIZE, DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
+from tests.vllm.kv_stream import RawStream, kvscope_with_events
+from tests.vllm.servers import BLOCK_SIZE, MODEL_NAME
 
 pytestmark = pytest.mark.vllm
 
@@ -34,23 +32,18 @@ PROMPTS = [SHARED + "Question one: what is a block?", SHARED + "Question two: wh
 MAX_TOKENS = 40  # generated tokens fill blocks too: those are hashed and stored as well
 
 
-class Events:
+class Events(RawStream):
     """A SUB socket connected to a server's KV events; collects every BlockStored block."""
 
     def __init__(self, endpoint: str) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.SUB)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sock.linger = 0
-        self.sock.connect(endpoint)
+        super().__init__(endpoint)
         self.decoder = DECODERS["map"]
         self.blocks: list[tuple[int, int | None, tuple[int, ...], int]] = []  # hash, parent, tokens, size
         self.kinds: list[str] = []
 
     def pump(self, timeout: float) -> int:
-        n = 0
-        while self.sock.poll(int(timeout * 1000) if n == 0 else 0):
-            _, _, payload = self.sock.recv_multipart()
-            n += 1
+        n = super().pump(timeout)
+        for _, payload in self.frames[len(self.frames) - n:]:
             for e in self.decoder.decode(payload).events:
                 self.kinds.append(kind(e))
                 if kind(e) == "BlockStored":
@@ -60,27 +53,6 @@ class Events:
                         prev = h
         return n
 
-    def settle(self, quiet: float = 1.5) -> None:
-        while self.pump(quiet):
-            pass
-
-    def close(self) -> None:
-        self.sock.close(0)
-
-
-def _connected(server, client, events: Events, timeout: float = 60.0) -> None:
-    """ZMQ's slow joiner: reset the prefix cache until its AllBlocksCleared arrives. vLLM
-    queues the event and publishes it with the next engine step, so a one-token request
-    (no full block) follows each reset."""
-    deadline = time.monotonic() + timeout
-    while "AllBlocksCleared" not in events.kinds:
-        assert server.reset_prefix_cache() == 200
-        client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=1, temperature=0)
-        events.pump(0.5)
-        assert time.monotonic() < deadline, "no KV event arrived from the server"
-    events.settle(0.5)
-    events.blocks.clear()
-
 
 def _run(server) -> tuple[Events, list[list[int]]]:
     from openai import OpenAI
@@ -88,7 +60,8 @@ def _run(server) -> tuple[Events, list[list[int]]]:
     events = Events(server.events_endpoint)
     try:
         client = OpenAI(base_url=server.api_url, api_key="unused", timeout=300)
-        _connected(server, client, events)
+        events.join(server, client)  # tests/vllm/kv_stream.py: the slow joiner
+        events.blocks.clear()
         sequences = []
         for p in PROMPTS:
             r = client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=MAX_TOKENS, temperature=0,
@@ -140,12 +113,7 @@ def test_vllm_block_hashes_are_kvscopes_sha256(vllm_run):
 
 @pytest.fixture(scope="module")
 def kvscope_run(vllm_run, kvscope_servers, tmp_path_factory):  # vLLM done: one busy at a time
-    sock = tmp_path_factory.mktemp("kvscope-events") / "kv.sock"
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{sock}"}
-    server = kvscope_servers(num_kv_blocks=DEFAULT_KVSCOPE_BLOCKS,
-                             extra_args=("--kv-events-config", json.dumps(config)))
-    server.events_endpoint = config["endpoint"]
-    return _run(server)
+    return _run(kvscope_with_events(kvscope_servers, tmp_path_factory))
 
 
 @pytest.mark.skipif(DEFAULT_HASH_ALGO != "sha256",

@@ -12,7 +12,8 @@ requests, so neither has this. Its JSON form (``kind`` tells it from a pool)::
                     "holes": [{"step", "segment", "first_seq", "last_seq", "reason"}],
                     "segments": [{"step", "segment", "first_seq", "reason"}],
                     "blocks": [{"hash", "parent", "medium", "token_ids", "lora_name",
-                                "stored_step", "stored_ts", "last_access_ts", "reuses"}]}}}
+                                "stored_step", "stored_ts", "last_access_ts", "reuses",
+                                "copies"}]}}}
 
 Blocks are in the order they were stored. Times are the source's clock.
 
@@ -36,8 +37,9 @@ class CachedBlockView:
     stored_step: int
     stored_ts: float
     last_access_ts: float  # the latest store that used it (see engine.events.metrics.residency)
-    reuses: int = 0  # stores that certainly reused it (a re-store, or a branch below it)
+    reuses: int = 0  # stores that certainly reused it (a branch stored below it)
     lora_name: str | None = None
+    copies: int = 1  # physical blocks holding the hash (vLLM keeps recomputed duplicates)
 
     @property
     def num_tokens(self) -> int:
@@ -47,13 +49,13 @@ class CachedBlockView:
         return {"hash": self.hash, "parent": self.parent, "medium": self.medium,
                 "token_ids": list(self.token_ids), "lora_name": self.lora_name,
                 "stored_step": self.stored_step, "stored_ts": self.stored_ts,
-                "last_access_ts": self.last_access_ts, "reuses": self.reuses}
+                "last_access_ts": self.last_access_ts, "reuses": self.reuses, "copies": self.copies}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CachedBlockView:
         return cls(str(d["hash"]), d.get("parent"), tuple(d["token_ids"]), d.get("medium"),
                    int(d["stored_step"]), float(d["stored_ts"]), float(d["last_access_ts"]),
-                   int(d.get("reuses", 0)), d.get("lora_name"))
+                   int(d.get("reuses", 0)), d.get("lora_name"), int(d.get("copies", 1)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,12 +6,18 @@ dashboard fold an attached run with it, and ``to_snapshot`` gives a
 
 - ``kv_block_stored``: each hash not yet cached on (pod, medium) is added with its
   parent (the previous hash of the chain; the first one's is ``parent_hash``) and its
-  tokens; one already cached is touched. The stored chain's cached ancestors are
-  accessed (``engine.events.metrics.residency`` says what counts as reuse).
-- ``kv_block_removed``: each hash leaves (pod, medium); with no medium, whichever
-  medium holds it. A hash not held is counted in ``unknown_removals``, never an error:
-  a stream joined late or with a hole can remove what this fold never saw. Children
-  of a removed block stay (they become roots of their own subtree).
+  tokens. One already cached gains a copy: vLLM v1 keeps a second physical block under
+  the same hash when a request recomputes a cached block (a prompt's last full block,
+  never hit, or a decode filling a block another request already cached) and sends
+  ``BlockStored`` for it again; that is a recomputation, not a reuse. The stored
+  chain's cached ancestors are accessed (``engine.events.metrics.residency`` says what
+  counts as reuse). A placeholder store (no tokens, ``block_size`` 0: vLLM's offloading
+  connector) adds the hash without tokens and leaves the pod's ``block_size`` alone.
+- ``kv_block_removed``: each hash loses one copy on (pod, medium), and leaves it with
+  its last; with no medium, whichever medium holds it. A hash not held is counted in
+  ``unknown_removals``, never an error: a stream joined late or with a hole can remove
+  what this fold never saw. Children of a removed block stay (they become roots of
+  their own subtree).
 - ``kv_all_cleared``: the pod's cache is empty.
 - ``kv_gap``: the hole is noted; the cache is kept (it may be incomplete from here).
 - ``kv_segment``: a ``restart`` empties the pod's cache (a restarted engine starts
@@ -41,17 +47,18 @@ _Key = tuple[str | None, str]  # (medium, hash)
 
 class _Block:
     __slots__ = ("hash", "parent", "token_ids", "medium", "lora_name", "stored_step",
-                 "stored_ts", "last_access_ts", "last_access_step", "reuses")
+                 "stored_ts", "last_access_ts", "last_access_step", "reuses", "copies")
 
     def __init__(self, v: CachedBlockView) -> None:
         self.hash, self.parent, self.token_ids, self.medium = v.hash, v.parent, v.token_ids, v.medium
         self.lora_name, self.stored_step, self.stored_ts = v.lora_name, v.stored_step, v.stored_ts
-        self.last_access_ts, self.reuses = v.last_access_ts, v.reuses
+        self.last_access_ts, self.reuses, self.copies = v.last_access_ts, v.reuses, v.copies
         self.last_access_step = v.stored_step
 
     def view(self) -> CachedBlockView:
         return CachedBlockView(self.hash, self.parent, self.token_ids, self.medium, self.stored_step,
-                               self.stored_ts, self.last_access_ts, self.reuses, self.lora_name)
+                               self.stored_ts, self.last_access_ts, self.reuses, self.lora_name,
+                               self.copies)
 
     def copy(self) -> _Block:
         b = _Block.__new__(_Block)
@@ -191,7 +198,9 @@ class HashCacheState(Fold):
 
     def _stored(self, e: KVBlockStored) -> None:
         p = self._pod(e.pod)
-        p.block_size, p.last_ts = e.block_size, _later(p.last_ts, e.ts)
+        p.last_ts = _later(p.last_ts, e.ts)
+        if not e.is_placeholder:
+            p.block_size = e.block_size
         log = self.residency
         if e.parent_hash is not None and e.block_hashes:
             siblings = p.children.get((e.medium, e.parent_hash), ())
@@ -200,10 +209,8 @@ class HashCacheState(Fold):
         parent = e.parent_hash
         for i, h in enumerate(e.block_hashes):
             b = p.blocks.get((e.medium, h))
-            if b is not None:  # stored again while cached: certainly reused
-                if log is not None:
-                    log.reused(p.name, b.last_access_ts, e.ts)
-                b.reuses += 1
+            if b is not None:  # stored again while cached: a recomputed second copy
+                b.copies += 1
                 b.last_access_ts, b.last_access_step = e.ts, e.step
             else:
                 p.add(_Block(CachedBlockView(h, parent, e.block_tokens(i), e.medium, e.step, e.ts,
@@ -240,8 +247,11 @@ class HashCacheState(Fold):
             if key not in p.blocks:
                 p.unknown_removals += 1
                 continue
-            b = p.drop(key)
             p.removed_blocks += 1
+            if p.blocks[key].copies > 1:  # another copy still holds the hash
+                p.blocks[key].copies -= 1
+                continue
+            b = p.drop(key)
             if self.residency is not None:
                 self.residency.removed(p.name, b.medium, b.hash, b.stored_ts, b.last_access_ts, e.ts)
 

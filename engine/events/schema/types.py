@@ -52,10 +52,15 @@ Each names the ``pod`` it came from; hashes are strings (``engine.events.schema.
 - ``kv_block_stored``: the chain ``block_hashes`` became cached; the first one's
   parent is ``parent_hash`` (None: a root), each next one's parent is the one
   before it; ``token_ids`` are the blocks' tokens, ``block_size`` per block. A hash
-  already cached on that pod and medium is stored again (vLLM's "full" report mode):
-  it is touched, not duplicated.
-- ``kv_block_removed``: those hashes left the pod's cache (evicted). A hash the
-  fold does not hold (stored before the attach, or lost in a hole) is counted.
+  already cached on that pod and medium is stored again when the engine recomputed
+  it into a second physical block (vLLM v1 keeps both): the fold counts its copies.
+  A placeholder (no ``token_ids``, ``block_size`` 0) says a hash is held on a tier
+  without its tokens. The source's ``group_idx``, ``kv_cache_spec_kind``,
+  ``kv_cache_spec_sliding_window``, ``extra_keys`` (one entry per block, arrays),
+  ``locality`` and ``ownership`` are kept as sent (None: not sent).
+- ``kv_block_removed``: one copy of each of those hashes left the pod's cache
+  (evicted). A hash the fold does not hold (stored before the attach, or lost in a
+  hole) is counted.
 - ``kv_all_cleared``: the pod's cache is empty (a prefix-cache reset).
 - ``kv_gap``: the pod's batches ``first_seq..last_seq`` of segment ``segment``
   never arrived and replay could not return them; the pod's fold may miss stores
@@ -308,6 +313,17 @@ class KVBlockStored(Event):
     ts: float
     medium: str | None = None
     lora_name: str | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    extra_keys: tuple[list | None, ...] | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+    @property
+    def is_placeholder(self) -> bool:
+        """A hash-only store: no tokens, ``block_size`` 0."""
+        return self.block_size == 0 and not self.token_ids
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.block_hashes) * self.block_size:
@@ -327,6 +343,9 @@ class KVBlockRemoved(Event):
     block_hashes: tuple[str, ...]
     ts: float
     medium: str | None = None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
