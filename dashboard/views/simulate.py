@@ -18,7 +18,7 @@ import streamlit as st
 from engine.core import CacheConfig, SchedulerConfig
 from engine.simulate.cost import default_cost
 from engine.simulate.routers import ROUTERS
-from engine.simulate.simulation import SimConfig, simulate
+from engine.simulate.simulation import SimConfig, simulate_recorded
 from engine.simulate.sweep import capacity_figure, run_sweep
 from engine.simulate.trace import TraceError, read_engine_run, read_jsonl
 from engine.store.runs import RunStore
@@ -100,15 +100,9 @@ def page() -> None:
            for c in ("prefix_cache_hit_rate", "reachable_hit_rate", "router_loss")}
     st.dataframe(frame, hide_index=True, key="sim_table", column_config=pct)
     if record:
-        from engine.store.recorder import Recorder
-
-        rec = Recorder(store.path)
-        try:
-            cfg = SimConfig(int(pods), routers[0], base.sched,
-                            CacheConfig(block_size=block_size, num_blocks=blocks[-1]), base.cost)
-            result = simulate(trace, cfg, recorder=rec, label=f"simulate {routers[0]}")
-        finally:
-            rec.close()
+        cfg = SimConfig(int(pods), routers[0], base.sched,
+                        CacheConfig(block_size=block_size, num_blocks=blocks[-1]), base.cost)
+        result = simulate_recorded(trace, cfg, store.path, label=f"simulate {routers[0]}")
         st.success(f"Recorded {len(result.run_ids)} simulated run(s): " + ", ".join(result.run_ids)
                    + ". Open Replay to step through them.")
 

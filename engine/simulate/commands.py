@@ -98,7 +98,7 @@ def _router_args(items: list[str]) -> dict[str, float]:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from engine.simulate.report import format_summary, summarize
-    from engine.simulate.simulation import simulate
+    from engine.simulate.simulation import simulate, simulate_recorded
     from engine.core.config import check_capacity
     from engine.core.errors import KVScopeError
     from engine.simulate.trace import TraceError
@@ -112,16 +112,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 1
     if args.sweep:
         return _sweep(args, trace, cfg)
-    recorder = None
     if args.record:
-        from engine.store.recorder import Recorder
-
-        recorder = Recorder(args.db)
-    try:
-        result = simulate(trace, cfg, recorder=recorder, label=args.label)
-    finally:
-        if recorder is not None:
-            recorder.close()
+        result = simulate_recorded(trace, cfg, args.db, args.label)
+    else:
+        result = simulate(trace, cfg)
     summary = summarize(result)
     print(json.dumps(summary) if args.json else format_summary(summary))
     return 0

@@ -24,7 +24,7 @@ from engine.core.event_log import EventLog
 from engine.core.scheduler_output import SchedulerOutput
 from engine.simulate.cost import StepCost
 from engine.simulate.routers.base import consecutive
-from engine.simulate.trace import TraceRequest, placeholder_token
+from engine.simulate.trace import TracedRequest, placeholder_token
 
 
 @dataclass(slots=True)
@@ -45,7 +45,7 @@ class RequestTimes:
 
 @dataclass(slots=True)
 class _Live:
-    trace: TraceRequest
+    trace: TracedRequest
     index: int  # the request's index in the trace (its placeholder stream)
     times: RequestTimes
     request: Request
@@ -62,7 +62,7 @@ class SimPod:
         self.cost = cost
         self.clock = 0.0  # when the pod is next free
         self.in_flight: SchedulerOutput | None = None
-        self.pending: list[tuple[TraceRequest, int, RequestTimes, list[int]]] = []  # arrived mid-step
+        self.pending: list[tuple[TracedRequest, int, RequestTimes, list[int]]] = []  # arrived mid-step
         self.live: dict[str, _Live] = {}
         self.num_steps = 0
         self.num_blocks_stored = 0
@@ -112,7 +112,7 @@ class SimPod:
 
     # ---- requests -------------------------------------------------------------------
 
-    def arrive(self, tr: TraceRequest, index: int, times: RequestTimes, tokens: list[int],
+    def arrive(self, tr: TracedRequest, index: int, times: RequestTimes, tokens: list[int],
                block_hashes: tuple[str, ...] = ()) -> None:
         """A routed request (``tokens``: its prompt): entered now when the pod is between
         steps, else at the end of the step in flight (the engine adds requests between steps)."""
@@ -121,7 +121,7 @@ class SimPod:
         else:
             self._enter(tr, index, times, tokens, block_hashes)
 
-    def _enter(self, tr: TraceRequest, index: int, times: RequestTimes, tokens: list[int],
+    def _enter(self, tr: TracedRequest, index: int, times: RequestTimes, tokens: list[int],
                block_hashes: tuple[str, ...] = ()) -> None:
         n = tr.output_length
         stop_ids: list[int] = []

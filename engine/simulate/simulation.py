@@ -28,7 +28,7 @@ from engine.events.schema.step import StepRecord
 from engine.simulate.cost import StepCost
 from engine.simulate.pod import RequestTimes, SimPod
 from engine.simulate.routers import ROUTERS, Routed
-from engine.simulate.trace import Trace, TraceRequest
+from engine.simulate.trace import Trace, TracedRequest
 
 ARRIVALS = ("times", "steps")
 
@@ -132,9 +132,22 @@ def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | No
     return result
 
 
+def simulate_recorded(trace: Trace, cfg: SimConfig, db: str | None = None,
+                      label: str | None = None) -> SimResult:
+    """``simulate`` with each pod recorded as a ``simulated`` run in the run store ``db``
+    (default: engine.store's), every row written before it returns."""
+    from engine.store.recorder import Recorder
+
+    recorder = Recorder(db)
+    try:
+        return simulate(trace, cfg, recorder=recorder, label=label)
+    finally:
+        recorder.close()
+
+
 def _by_steps(trace: Trace, pod: SimPod, times: list[RequestTimes], rec: _Recording | None) -> None:
     reqs = trace.requests
-    ends: dict[int, list[TraceRequest]] = {}
+    ends: dict[int, list[TracedRequest]] = {}
     for tr in reqs:
         if tr.finish_step is not None:
             ends.setdefault(tr.finish_step, []).append(tr)

@@ -1,6 +1,6 @@
 """Request traces for ``kvscope simulate``: what arrives when, with which tokens, for how long.
 
-Every reader gives ``TraceRequest``s in arrival order. Four sources:
+Every reader gives ``TracedRequest``s in arrival order. Four sources:
 
 - **JSONL** of requests, one object a line: ``{"timestamp_ms", "token_ids" | "prompt",
   "output_length" | "max_tokens"}`` (``prompt`` needs a tokenizer: ``tokenizer_dir``).
@@ -35,7 +35,7 @@ class TraceError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class TraceRequest:
+class TracedRequest:
     """One request of a trace. ``arrival_s``: seconds from the trace's start.
     ``arrival_step``: the engine step it arrived before (engine runs only).
     ``output_token_ids``: the tokens to sample (engine runs), else placeholders.
@@ -74,7 +74,7 @@ class Trace:
     run they came from (an engine run's config, else empty) and what the reader could
     not see (``notes``, printed with the report)."""
 
-    requests: tuple[TraceRequest, ...]
+    requests: tuple[TracedRequest, ...]
     source: str
     config: dict[str, Any]
     notes: tuple[str, ...] = ()
@@ -146,7 +146,7 @@ def _time_ms(obj: dict, key: str, where: str) -> float:
     return v / 1000.0
 
 
-def _sorted(reqs: list[TraceRequest]) -> tuple[TraceRequest, ...]:
+def _sorted(reqs: list[TracedRequest]) -> tuple[TracedRequest, ...]:
     return tuple(sorted(reqs, key=lambda r: r.arrival_s))  # stable: ties keep file order
 
 
@@ -166,7 +166,7 @@ def read_mooncake(path: Path) -> Trace:
         if len(ids) != -(-n // MOONCAKE_BLOCK):
             raise TraceError(f"{where}: {len(ids)} hash_ids for input_length {n}: "
                              f"{MOONCAKE_BLOCK}-token blocks need {-(-n // MOONCAKE_BLOCK)}")
-        reqs.append(TraceRequest(f"r{len(reqs)}", _time_ms(obj, "timestamp", where), None,
+        reqs.append(TracedRequest(f"r{len(reqs)}", _time_ms(obj, "timestamp", where), None,
                                  max(1, _int(obj, "output_length", where, 0)),
                                  hash_ids=tuple(ids), num_prompt_tokens=n))
     return Trace(_sorted(reqs), f"mooncake:{path}", {})
@@ -199,7 +199,7 @@ def read_jsonl(path: Path, tokenizer_dir: str | None = None) -> Trace:
             raise TraceError(f"{where}: a request needs 'token_ids' (a list) or 'prompt' (text)")
         key = "output_length" if "output_length" in obj else "max_tokens"
         out = _int(obj, key, where, 1)
-        reqs.append(TraceRequest(str(obj.get("request_id") or f"r{len(reqs)}"),
+        reqs.append(TracedRequest(str(obj.get("request_id") or f"r{len(reqs)}"),
                                  _time_ms(obj, "timestamp_ms", where), tuple(ids), out,
                                  client=str(obj.get("client") or "")))
     if not reqs:
@@ -250,7 +250,7 @@ def read_attached_run(store: Any, run_id: str) -> Trace:
             tips[(e.pod, e.block_hashes[-1])] = r
     if not reqs:
         raise TraceError(f"run {run_id} holds no BlockStored events to rebuild requests from")
-    out = [TraceRequest(f"{pod}/{i}", max(0.0, ts), tuple(t for h in hashes for t in tokens_of[h]) + (0,), 1,
+    out = [TracedRequest(f"{pod}/{i}", max(0.0, ts), tuple(t for h in hashes for t in tokens_of[h]) + (0,), 1,
                         client=pod)
            for i, (ts, hashes, pod) in enumerate(reqs)]
     out.sort(key=lambda r: r.arrival_s)
@@ -305,7 +305,7 @@ def read_engine_run(store: Any, run_id: str) -> Trace:
         reason, at = finished.get(rid, ("abort", None))
         if reason == "stop" and at != last_sampled.get(rid):
             reason = "stop_string"  # ended by the step after its last token's
-        reqs.append(TraceRequest(rid, max(0.0, ts - (t0 or ts)), prompt, len(out), step, tuple(out),
+        reqs.append(TracedRequest(rid, max(0.0, ts - (t0 or ts)), prompt, len(out), step, tuple(out),
                                  reason, at if reason in ("stop_string", "abort") else None,
                                  clients.get(rid, "")))
     reqs.sort(key=lambda r: (r.arrival_step, r.arrival_s))

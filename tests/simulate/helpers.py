@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.core import CacheConfig, SchedulerConfig
 from engine.simulate.cost import StepCost
 from engine.simulate.simulation import SimConfig, simulate
-from engine.simulate.trace import Trace, TraceRequest
+from engine.simulate.trace import Trace, TracedRequest
 
 BS = 16
 COST = StepCost(0.01, 1e-5, 1e-3, 0.0)
@@ -16,11 +16,11 @@ def system(k: int, blocks: int = 4) -> list[int]:
     return [1000 * (k + 1) + i for i in range(blocks * BS)]
 
 
-def request(rid: str, t: float, tokens: list[int], out: int = 4) -> TraceRequest:
-    return TraceRequest(rid, t, tuple(tokens), out)
+def request(rid: str, t: float, tokens: list[int], out: int = 4) -> TracedRequest:
+    return TracedRequest(rid, t, tuple(tokens), out)
 
 
-def trace(reqs: list[TraceRequest]) -> Trace:
+def trace(reqs: list[TracedRequest]) -> Trace:
     return Trace(tuple(sorted(reqs, key=lambda r: r.arrival_s)), "test", {})
 
 

@@ -4,7 +4,7 @@ A ``Scrape`` holds the ``vllm:*`` families of one scrape: per family its type, l
 and help, and every sample's value keyed by (sample name, labels). Label values that
 legitimately differ between the two servers are normalised here and only here
 (``NORMALISED``); the families one side leaves out are listed with the reason each
-(``VLLM_ONLY``, ``KVSCOPE_ONLY``), and ``cache_config_info``'s values that differ for a
+(``VLLM_ONLY``, ``ONLY_IN_KVSCOPE``), and ``cache_config_info``'s values that differ for a
 reason are in ``CACHE_CONFIG_DIFFERENT``.
 
 Counters and histograms are compared as deltas (``after - before``) over one workload, so
@@ -38,7 +38,7 @@ VLLM_ONLY = {
                                  "bound is the scheduler's max_waiting, refused with an error reply",
 }
 # kvscope families a default vLLM 0.32 does not export, and why.
-KVSCOPE_ONLY = {
+ONLY_IN_KVSCOPE = {
     "vllm:kv_block_lifetime_seconds": "block residency: kvscope records every block, always; vLLM samples "
                                       "blocks only with --kv-cache-metrics",
     "vllm:kv_block_idle_before_evict_seconds": "block residency, as above",
@@ -146,7 +146,7 @@ def comparable(d: dict[tuple, float], s: Scrape) -> dict[tuple, float]:
     out = {}
     for (name, labels), v in d.items():
         family = _family_of(name, s)
-        if family in VLLM_ONLY or family in KVSCOPE_ONLY or family == "vllm:cache_config_info":
+        if family in VLLM_ONLY or family in ONLY_IN_KVSCOPE or family == "vllm:cache_config_info":
             continue
         if family.endswith(LATENCY_SUFFIX) and not name.endswith("_count"):
             continue

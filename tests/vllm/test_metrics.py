@@ -87,9 +87,9 @@ def test_same_families_except_the_listed_ones(vllm_scrapes, kvscope_scrapes):
     v, k = vllm_scrapes[1], kvscope_scrapes[1]
     # the lists name what the real vLLM exports, not what it might
     assert set(prom_diff.VLLM_ONLY) <= set(v.families) and not set(prom_diff.VLLM_ONLY) & set(k.families)
-    assert set(prom_diff.KVSCOPE_ONLY) <= set(k.families) and not set(prom_diff.KVSCOPE_ONLY) & set(v.families)
+    assert set(prom_diff.ONLY_IN_KVSCOPE) <= set(k.families) and not set(prom_diff.ONLY_IN_KVSCOPE) & set(v.families)
     vf = prom_diff.compared_families(v, prom_diff.VLLM_ONLY)
-    kf = prom_diff.compared_families(k, prom_diff.KVSCOPE_ONLY)
+    kf = prom_diff.compared_families(k, prom_diff.ONLY_IN_KVSCOPE)
     diffs = [f"{n}: vLLM {vf.get(n)} kvscope {kf.get(n)}" for n in sorted(set(vf) | set(kf)) if vf.get(n) != kf.get(n)]
     assert not diffs, "\n".join(diffs)
     # every histogram's buckets, the latency ones included (their counts per bucket are times)
