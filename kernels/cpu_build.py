@@ -2,8 +2,15 @@
 
 Each source is compiled on first use in a process (``-O3 -march=native``, and
 ``-fopenmp`` where torch's threads are OpenMP's; needs a C++ compiler and ninja; ~30-60 s
-the first time on a machine), then loaded from torch's cache (``~/.cache/torch_extensions``,
-or ``TORCH_EXTENSIONS_DIR``) in well under a second. ``make install`` builds them once ahead of time.
+the first time), then loaded from its build directory in well under a second. ``make
+install`` builds them once ahead of time.
+
+The build directory is the virtualenv's own (``<venv>/kvscope-kernels/<name>``), so each
+checkout builds and keeps its kernels apart; ``TORCH_EXTENSIONS_DIR`` overrides it, and
+outside a virtualenv torch's ``~/.cache/torch_extensions`` is used. torch serialises builds
+with a ``lock`` file there and waits on it for ever: a build killed mid-way (a stopped
+session) left one in the shared cache, and the next checkout's ``make install`` hung until
+CI's time ran out. A lock older than any build (``STALE_LOCK_S``) is now removed, saying so.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 
 from engine import envs
@@ -43,6 +51,44 @@ def _ninja_on_path() -> None:
     bindir = Path(sys.executable).parent
     if shutil.which("ninja") is None and (bindir / "ninja").exists():
         os.environ["PATH"] = f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+# A build takes 30-60 s on a 2-core box (a few minutes under load); a lock file older than
+# this was left by a build that was killed, and nothing will ever remove it.
+STALE_LOCK_S = 900.0
+
+
+def build_directory(name: str) -> str | None:
+    """Where extension ``name`` is built and cached: ``TORCH_EXTENSIONS_DIR``/name when set;
+    in a virtualenv, ``<venv>/kvscope-kernels/<name>``; else None (torch's default)."""
+    root = envs.TORCH_EXTENSIONS_DIR.get()
+    if root:
+        path = Path(root) / name
+    elif sys.prefix != sys.base_prefix:
+        path = Path(sys.prefix) / "kvscope-kernels" / name
+    else:
+        return None
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def clear_stale_lock(directory: str | None, name: str, now: float | None = None) -> bool:
+    """Remove the build ``lock`` a killed build left behind (older than ``STALE_LOCK_S``);
+    True when one was removed."""
+    if directory is None:
+        from torch.utils import cpp_extension
+
+        directory = cpp_extension._get_build_directory(name, False)
+    lock = Path(directory) / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < STALE_LOCK_S:
+        return False
+    logger.warning("removing %s: a build lock %.0f s old, left by a build that was killed", lock, age)
+    lock.unlink(missing_ok=True)
+    return True
 
 
 # Off with KVSCOPE_CPU_OPENMP=0 (and flipped by ``python -m bench.step_ab kernel_openmp``):
@@ -81,9 +127,12 @@ def load_cpu_extension(source: str, extra_cflags: tuple[str, ...] = ()):
 
             _ninja_on_path()
             src = Path(__file__).with_name(source)
-            try:  # the OpenMP build has its own name: both builds stay in torch's cache
+            name = f"kvscope_{src.stem}{'_omp' if omp else ''}"  # both builds stay cached
+            try:
+                directory = build_directory(name)
+                clear_stale_lock(directory, name)
                 _loaded[key] = cpp_extension.load(
-                    name=f"kvscope_{src.stem}{'_omp' if omp else ''}", sources=[str(src)],
+                    name=name, sources=[str(src)], build_directory=directory,
                     extra_cflags=["-O3", "-march=native", *omp, *extra_cflags], extra_ldflags=omp,
                     verbose=False)
             except Exception as exc:  # noqa: BLE001 (compiler missing, build error, ...)

@@ -24,7 +24,7 @@ linears) holds 16 levels d apart from min to min + 15 d, which an affine step of
 15 d / 255 = d / 17 hits on every 17th level (up to float rounding).
 
 The extension is compiled on first use (kernels/cpu_build.py: torch.utils.cpp_extension;
-needs a C++ compiler and ninja; ~30-60 s, then cached under ~/.cache/torch_extensions).
+needs a C++ compiler and ninja; ~30-60 s, then cached in the venv under kvscope-kernels/).
 """
 
 from __future__ import annotations
