@@ -9,7 +9,9 @@ charts read, built from the run's step records:
   metrics each step carries) and the scraped figures;
 - ``rates``: stored and removed blocks per second, per pod;
 - ``residency``: block lifetimes, idle-before-evict and reuse gaps, by folding the
-  records once more with a ``ResidencyLog`` (``engine.events.metrics.residency``).
+  records once more with a ``ResidencyLog`` (``engine.events.metrics.residency``);
+- ``ledger``: the records folded by ``engine.attach.ledger.FleetLedger``: what left each
+  pod's cache and when, which the prefix locator needs to say "evicted at t".
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from engine.attach.ledger import FleetLedger
 from engine.events.folds.hash_cache_snapshot import HashCacheSnapshot
 from engine.events.folds.hash_cache_state import HashCacheState
 from engine.events.metrics.residency import ResidencyLog
@@ -113,3 +116,11 @@ def residency(records: Sequence[StepRecord]) -> ResidencyLog:
     for r in records:
         state.apply_step(r)
     return log
+
+
+def ledger(records: Sequence[StepRecord]) -> FleetLedger:
+    """The run so far folded by the attach worker's own ledger (removals, churn)."""
+    led = FleetLedger()
+    for r in records:
+        led.apply_step(r)
+    return led

@@ -4,7 +4,8 @@ Shared by Live (connected to ``kvscope attach``), Replay (a stored attached run,
 slider) and the Attached page. It says first what a hash-only stream cannot show,
 then per pod: headline figures, holes, and the tabs: the prefix tree, cached blocks
 over time, store/remove rates, block residency, the scraped hit rate and usage, the
-largest shared prefixes, the prompt box (longest cached prefix per pod) and the step's
+largest shared prefixes, the prompt box (the prefix locator: per pod and tier the longest
+cached prefix and where and why its chain breaks, drawn on the tree) and the step's
 events. Tabs are lazy like the run view's: only the open one is computed.
 """
 
@@ -16,13 +17,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard.attached_frame import AttachedFrame, pod_series, rates, residency
+from dashboard.attached_frame import AttachedFrame, ledger, pod_series, rates, residency
 from dashboard.event_log import event_rows
 from dashboard.figures.attached import (
     block_label, per_pod_lines, prefix_tree_figure, rates_figure, residency_figure,
 )
 from dashboard.panels import PLOT_CONFIG
-from engine.attach.prefix_match import detect_scheme, longest_prefix
+from engine.attach.locator import locate
 from engine.events.folds.prefix_tree import PrefixTree
 
 TABS = ("Prefix tree", "Cached blocks", "Residency", "Hit rate & usage", "Shared prefixes",
@@ -178,32 +179,68 @@ def _prompt_ids(frame: AttachedFrame) -> list[int] | None:
     return Tokenizer.from_file(frame.tokenizer_file).encode(text, add_special_tokens=special).ids
 
 
+def _ledger(frame: AttachedFrame):
+    """The run's ledger up to the shown step, folded once per (run, length) and kept."""
+    cache = st.session_state.setdefault("_attached_ledger", {})
+    recs = frame.shown_records
+    hit = cache.get(frame.source)
+    if hit is None or hit["key"] != (frame.key, len(recs)):
+        hit = cache[frame.source] = {"key": (frame.key, len(recs)), "ledger": ledger(recs)}
+    return hit["ledger"]
+
+
+WHY = {"evicted": "evicted", "cleared": "cleared (reset)", "restart": "lost in a restart",
+       "diverged": "diverged", "other_keys": "same tokens, other hash", "never_stored": "never stored",
+       "partial_block": "partial last block", "below_block": "shorter than a block",
+       "whole_prompt": "whole prompt cached", "no_blocks": "nothing announced yet"}
+
+
 def _lookup_tab(frame: AttachedFrame) -> None:
-    st.caption("What a KV-cache-aware router computes: the prompt's longest run of leading full "
-               "blocks each pod has cached. Where kvscope can reproduce the engine's block hashes "
-               "(kvscope's own publisher) it chain-hashes the prompt and matches by hash; "
-               "elsewhere (vLLM seeds its hashes per process, llm-d recomputes its own) it walks "
-               "the tree by the token ids BlockStored carries.")
+    st.caption("The prefix locator: for each pod and tier, the prompt's longest run of leading "
+               "full blocks cached there, and the first block that is not, with why (evicted at "
+               "a time, a cached continuation that diverges at a token, never stored). Where "
+               "kvscope can reproduce the engine's block hashes (vLLM's sha256, kvscope's own) it "
+               "chain-hashes the prompt and matches by hash; elsewhere it walks the tree by the "
+               "token ids BlockStored carries. `kvscope attach` answers the same as JSON: "
+               "`POST /locate`.")
     ids = _prompt_ids(frame)
     if ids is None:
         return
+    found = locate(frame.snapshot, ids, _ledger(frame), frame.pods())
     rows = []
-    best = None
-    for name in frame.pods():
-        view = frame.snapshot.pods[name]
-        scheme = detect_scheme(view)
-        m = longest_prefix(view, ids, scheme)
-        rows.append({"pod": name, "matched by": m.method, "cached blocks": m.num_blocks,
-                     "cached tokens": m.num_tokens, "hit if sent now": m.hit_tokens,
-                     "prompt tokens": len(ids), "block size": view.block_size})
-        if best is None or m.num_tokens > best[1].num_tokens:
-            best = (name, m)
+    for loc in found:
+        d = loc.to_dict()
+        brk = d["break"]
+        rows.append({"pod": loc.pod, "tier": d["tier"] or "–", "matched by": d["method"] or "–",
+                     "cached blocks": d["cached_blocks"], "cached tokens": d["cached_tokens"],
+                     "hit if sent now": d["hit_tokens"], "prompt tokens": len(ids),
+                     "chain breaks at block": brk["block"], "at token": brk["token"],
+                     "why": WHY.get(brk["reason"], brk["reason"]), "block size": loc.block_size})
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption("'hit if sent now' leaves out the last prompt token: the engine recomputes it for "
                "its logits, so a prompt of whole cached blocks hits one block less.")
-    if best is not None and best[1].num_blocks and frame.token_text:
-        cached = ids[:best[1].num_tokens]
-        st.markdown(f"Cached on **{best[0]}**: `{block_label(tuple(cached), frame.token_text, 400)}`")
+    best = max(found, key=lambda loc: (loc.best.cached_blocks if loc.best else 0), default=None)
+    if best is not None and best.best is not None and best.best.cached_blocks and frame.token_text:
+        cached = ids[:best.best.cached_tokens]
+        st.markdown(f"Cached on **{best.pod}**: `{block_label(tuple(cached), frame.token_text, 400)}`")
+    for loc in found:
+        for t in loc.tiers:
+            st.markdown(f"**{loc.pod}** · {t.medium or 'cache'}: {t.cached_blocks} block(s) "
+                        f"({t.cached_tokens} tokens) cached; {t.chain_break.detail}.")
+    shown = [loc for loc in found if loc.tiers]
+    if not shown:
+        return
+    pick = st.selectbox("Draw the located prefix on the tree of pod", [loc.pod for loc in shown],
+                        key=f"{frame.source}_locate_pod")
+    loc = next(x for x in shown if x.pod == pick)
+    first = loc.tiers[0]
+    view = frame.snapshot.pods[pick]
+    st.plotly_chart(prefix_tree_figure(PrefixTree(view, first.medium), frame.token_text, view.last_ts,
+                                       path=first.hashes),
+                    config=PLOT_CONFIG, key=f"{frame.source}_locate_tree")
+    st.caption(f"The prompt's cached prefix on {pick}'s {first.medium or 'cache'} is outlined "
+               f"({first.cached_blocks} block(s)); the chain breaks after it: "
+               f"{WHY.get(first.chain_break.reason, first.chain_break.reason)}.")
 
 
 def render_attached_view(frame: AttachedFrame, marker: int | None = None) -> None:

@@ -16,6 +16,9 @@ the dashboard and ``kvscope replay`` work on it as on a kvscope engine.
 - ``server``: the front door (``engine.server.port.front_door``) around the worker.
 - ``attach_metrics``: its ``/metrics``: what arrived per pod, holes, cached blocks.
 - ``prefix_match``: the longest cached prefix of a prompt on a pod, by hash or tokens.
+- ``ledger``: the fold plus what it forgets: removals (when, why), churn, event oddities.
+- ``locator``: a prompt → per pod and tier the cached prefix and why its chain breaks.
+- ``routes``: the attach server's ``POST /locate``.
 - ``tokenizer_file``: ``--tokenizer`` PATH or model dir → its ``tokenizer.json``.
 - ``commands``: the ``kvscope attach`` command.
 

@@ -20,9 +20,11 @@ import queue
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.routing import BaseRoute
 
 from engine.attach.attach_metrics import AttachMetrics
 from engine.attach.pod_source import PodSource
+from engine.attach.routes import AttachRoutes
 from engine.attach.scraper import Scraper
 from engine.attach.stream_items import StreamItem
 from engine.attach.subscription import PodSubscription
@@ -107,6 +109,9 @@ class AttachServer(FrontDoor):
     def _abandon(self) -> None:
         for sub in self.subscriptions:
             sub.sub.close(0)
+
+    def _routes(self) -> list[BaseRoute]:
+        return AttachRoutes(self.gate, lambda: self.worker, self.options.tokenizer_file).routes()
 
     def _extra_health(self) -> dict[str, Any]:
         return {"kind": "attached", "pods": [p.pod for p in self.options.pods]}

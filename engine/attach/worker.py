@@ -32,10 +32,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from engine.attach.ledger import FleetLedger
+from engine.attach.locator import PodLocation, locate
 from engine.attach.pod_source import PodSource
 from engine.attach.stream_items import Hole, NewSegment, Received, StreamItem
 from engine.attach.translate import translate
-from engine.events.folds.hash_cache_state import HashCacheState
 from engine.events.folds.run_kind import RunKind
 from engine.events.schema.step import StepRecord
 from engine.events.schema.types import PROTOCOL_VERSION, Event, KVGap, KVSegment
@@ -69,7 +70,10 @@ class AttachWorker(threading.Thread):
         self.label = label
         self.scrapers = dict(scrapers or {})
         self.limits = dict(limits or {})
-        self.state = HashCacheState()
+        self.ledger = FleetLedger()  # the fold (``state``) and what it forgets (removals, churn)
+        self.state = self.ledger.state
+        self.lock = threading.Lock()  # held while a step is folded, and while a locate reads
+        self.locate_queries: dict[str, int] = {}  # per pod: locator answers given (read by /metrics)
         self.run_id: str | None = None
         self.num_steps = 0
         self.counts: dict[str, dict[str, int]] = {}  # per pod, swapped whole (read by /metrics)
@@ -188,8 +192,9 @@ class AttachWorker(threading.Thread):
 
     def _make_step(self, events: list[Event], origin: dict[str, Any]) -> None:
         seq = self._last_seq + 1
-        self.state.apply_events(events)
-        self.state.step = seq
+        with self.lock:
+            self.ledger.apply_events(events)
+            self.state.step = seq
         metrics = dict(origin)
         metrics.update(self._pod_figures())
         record = StepRecord(seq, seq, time.time(), events, metrics)
@@ -216,6 +221,18 @@ class AttachWorker(threading.Thread):
         if scraped:
             out["scraped"] = scraped
         return out
+
+    def locate(self, token_ids: list[int]) -> tuple[int, list[PodLocation]]:
+        """(step, each pod's answer) for a prompt: ``engine.attach.locator`` on the live fold.
+        Any thread; LocateError for a prompt it cannot take."""
+        names = [p.pod for p in self.pods]
+        with self.lock:
+            snap = self.state.to_snapshot()
+            out = locate(snap, token_ids, self.ledger,
+                         names + [p for p in snap.pods if p not in names])
+        for loc in out:
+            self.locate_queries[loc.pod] = self.locate_queries.get(loc.pod, 0) + 1
+        return snap.step, out
 
     # ---- letters --------------------------------------------------------------------
 

@@ -74,6 +74,11 @@ def test_live_attach_renders_in_the_live_page_with_every_tab(env):
     by_pod = {r["pod"]: r for r in rows}
     assert by_pod["pod-a"]["cached blocks"] == 4 and by_pod["pod-a"]["hit if sent now"] == 12
     assert by_pod["pod-b"]["cached blocks"] == 3 and by_pod["pod-b"]["matched by"] == "token ids"
+    # the locator's why: pod-a holds every block; pod-b caches "what is a cache" / "... hash"
+    assert (by_pod["pod-a"]["why"], by_pod["pod-a"]["tier"]) == ("whole prompt cached", "GPU")
+    assert (by_pod["pod-b"]["why"], by_pod["pod-b"]["chain breaks at block"], by_pod["pod-b"]["at token"]) \
+        == ("diverged", 3, 15)
+    assert at.selectbox(key="live_locate_pod").value == "pod-a"  # its tree, the prefix outlined
     at.session_state["live_attached_tabs"] = "Shared prefixes"
     at.run()
     shared = at.dataframe[0].value

@@ -1,0 +1,195 @@
+"""FleetLedger: an attached run's fold plus what the fold forgets: removals, churn, oddities.
+
+``HashCacheState`` keeps what each pod has cached now. An operator also asks what left
+and when ("was my prefix evicted, or never there?"), how fast blocks churn, and how
+odd the stream is. The ledger folds the same ``kv_*`` events (the attach worker's live
+steps, or a stored run's records) with a ``HashCacheState`` inside and keeps, per pod:
+
+- **removal memory**: each hash that left the cache (medium, hash) → ``Removal``
+  (engine ts, step, the block's parent and tokens, why: ``evicted`` by a
+  ``BlockRemoved`` of its last copy, ``cleared`` by ``AllBlocksCleared``, ``restart``
+  by a publisher restart). A hash stored again is forgotten. Bounded
+  (``MAX_REMOVALS`` per pod, the oldest go). The prefix locator reads it
+  (``engine.attach.locator``): a chain that breaks at an evicted block says when.
+- **churn**: blocks evicted (last copy removed, clears and restarts apart), of those
+  evicted before any certain reuse (the fold's ``reuses`` was 0: no second store of
+  the hash, no branch below it; hits that store nothing are invisible, so this share
+  is an upper bound), and the engine-ts of each eviction in the last
+  ``CHURN_WINDOW_S`` (blocks evicted per minute).
+- **event oddities** (the event side of the index fidelity monitor,
+  ``engine.attach.fidelity``): placeholder stores (no tokens: an offload tier's hash),
+  duplicate stores (a hash stored while cached: vLLM's recomputed copy), removals of
+  hashes never stored (from the fold), clears, restarts, holes.
+
+Writer: the thread that folds (the attach worker, or the dashboard's script run).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.events.folds.hash_cache_state import HashCacheState
+from engine.events.schema.types import Event, KVAllCleared, KVBlockRemoved, KVBlockStored, KVSegment
+
+MAX_REMOVALS = 50_000  # per pod: (medium, hash) keys with a few fields, ~10 MB at most
+CHURN_WINDOW_S = 60.0  # "evicted per minute" counts the evictions of the last minute (engine ts)
+EVICTED, CLEARED, RESTART = "evicted", "cleared", "restart"
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """A block that left a pod's cache."""
+
+    hash: str
+    medium: str | None
+    parent: str | None
+    token_ids: tuple[int, ...]
+    ts: float  # the removing batch's ts (the engine's clock)
+    step: int  # the attached run's step
+    why: str  # EVICTED | CLEARED | RESTART
+    reuses: int  # certain reuses while it was cached
+
+
+class PodLedger:
+    __slots__ = ("pod", "removals", "by_tokens", "mediums", "evicted", "evicted_unreused", "recent_evictions",
+                 "placeholder_stores", "duplicate_stores", "stored_again_after_removal", "last_ts")
+
+    def __init__(self, pod: str) -> None:
+        self.pod = pod
+        self.removals: OrderedDict[tuple[str | None, str], Removal] = OrderedDict()
+        # (medium, parent, tokens) -> hash: a removed block found by its tokens (token-id pods)
+        self.by_tokens: dict[tuple[str | None, str | None, tuple[int, ...]], str] = {}
+        self.mediums: set[str | None] = set()  # every medium a removal was remembered in
+        self.evicted = self.evicted_unreused = 0
+        self.recent_evictions: deque[float] = deque()
+        self.placeholder_stores = self.duplicate_stores = self.stored_again_after_removal = 0
+        self.last_ts: float | None = None
+
+    def removal(self, medium: str | None, block_hash: str) -> Removal | None:
+        return self.removals.get((medium, block_hash))
+
+    def removal_by_tokens(self, medium: str | None, parent: str | None,
+                          token_ids: tuple[int, ...]) -> Removal | None:
+        h = self.by_tokens.get((medium, parent, token_ids))
+        return None if h is None else self.removals.get((medium, h))
+
+    def _remember(self, r: Removal) -> None:
+        key = (r.medium, r.hash)
+        old = self.removals.pop(key, None)
+        if old is not None:
+            self.by_tokens.pop((old.medium, old.parent, old.token_ids), None)
+        self.removals[key] = r
+        self.mediums.add(r.medium)
+        if r.token_ids:
+            self.by_tokens[(r.medium, r.parent, r.token_ids)] = r.hash
+        while len(self.removals) > MAX_REMOVALS:
+            _, gone = self.removals.popitem(last=False)
+            if self.by_tokens.get((gone.medium, gone.parent, gone.token_ids)) == gone.hash:
+                del self.by_tokens[(gone.medium, gone.parent, gone.token_ids)]
+
+    def _forget(self, medium: str | None, block_hash: str) -> bool:
+        r = self.removals.pop((medium, block_hash), None)
+        if r is None:
+            return False
+        if self.by_tokens.get((r.medium, r.parent, r.token_ids)) == r.hash:
+            del self.by_tokens[(r.medium, r.parent, r.token_ids)]
+        return True
+
+    def evicted_per_min(self, now_ts: float | None = None) -> float:
+        """Evictions in the ``CHURN_WINDOW_S`` before ``now_ts`` (default: the pod's last ts), per minute."""
+        now = self.last_ts if now_ts is None else now_ts
+        if now is None:
+            return 0.0
+        n = sum(1 for t in self.recent_evictions if t > now - CHURN_WINDOW_S)
+        return n * 60.0 / CHURN_WINDOW_S
+
+    def churn(self) -> dict[str, Any]:
+        return {"evicted_blocks": self.evicted,
+                "evicted_before_reuse": self.evicted_unreused,
+                "evicted_before_reuse_share": (self.evicted_unreused / self.evicted
+                                               if self.evicted else None),
+                "evicted_per_min": self.evicted_per_min(),
+                "recomputed_after_removal": self.stored_again_after_removal}
+
+
+class FleetLedger:
+    """Fold an attached run's events; ``state`` is the cache, ``pods`` the ledgers."""
+
+    def __init__(self, state: HashCacheState | None = None) -> None:
+        self.state = state if state is not None else HashCacheState()
+        self.pods: dict[str, PodLedger] = {}
+
+    def pod(self, name: str) -> PodLedger:
+        p = self.pods.get(name)
+        if p is None:
+            p = self.pods[name] = PodLedger(name)
+        return p
+
+    def apply_step(self, record: Any) -> None:
+        self.apply_events(record.events, step=record.step)
+
+    def apply_events(self, events: Iterable[Event], step: int | None = None) -> None:
+        for e in events:
+            self._before(e, e.step if step is None else step)
+            self.state.apply_event(e)
+        if step is not None:
+            self.state.step = step
+
+    # ---- what the fold is about to forget ------------------------------------------------
+
+    def _before(self, e: Event, step: int) -> None:
+        if isinstance(e, KVBlockStored):
+            led = self.pod(e.pod)
+            led.last_ts = _later(led.last_ts, e.ts)
+            if e.is_placeholder:
+                led.placeholder_stores += len(e.block_hashes)
+            cached = self.state.pods.get(e.pod)
+            for h in e.block_hashes:
+                if cached is not None and (e.medium, h) in cached.blocks:
+                    led.duplicate_stores += 1
+                elif led._forget(e.medium, h):
+                    led.stored_again_after_removal += 1
+        elif isinstance(e, KVBlockRemoved):
+            led = self.pod(e.pod)
+            led.last_ts = _later(led.last_ts, e.ts)
+            p = self.state.pods.get(e.pod)
+            if p is None:
+                return
+            pending: dict[tuple[str | None, str], int] = {}  # copies this event already took
+            for h in e.block_hashes:
+                key = (e.medium, h)
+                if key not in p.blocks and e.medium is None:  # the fold's own medium rule
+                    key = next(((m, h) for m in p.mediums if (m, h) in p.blocks), key)
+                b = p.blocks.get(key)
+                if b is None:
+                    continue
+                pending[key] = pending.get(key, 0) + 1
+                if b.copies - pending[key] == 0:  # its last copy: the block leaves
+                    led.evicted += 1
+                    led.evicted_unreused += b.reuses == 0
+                    led.recent_evictions.append(e.ts)
+                    while led.recent_evictions and led.recent_evictions[0] <= e.ts - CHURN_WINDOW_S:
+                        led.recent_evictions.popleft()
+                    led._remember(Removal(b.hash, b.medium, b.parent, b.token_ids, e.ts, step,
+                                          EVICTED, b.reuses))
+        elif isinstance(e, KVAllCleared):
+            self._all_left(e.pod, e.ts, step, CLEARED)
+        elif isinstance(e, KVSegment) and e.reason == "restart":
+            p = self.state.pods.get(e.pod)
+            self._all_left(e.pod, p.last_ts if p is not None and p.last_ts is not None else 0.0,
+                           step, RESTART)
+
+    def _all_left(self, pod: str, ts: float, step: int, why: str) -> None:
+        led = self.pod(pod)
+        p = self.state.pods.get(pod)
+        if p is None:
+            return
+        for b in p.blocks.values():
+            led._remember(Removal(b.hash, b.medium, b.parent, b.token_ids, ts, step, why, b.reuses))
+
+
+def _later(a: float | None, b: float) -> float:
+    return b if a is None or b > a else a
