@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard.attached_frame import AttachedFrame, ledger, pod_series, rates, residency
+from dashboard.attached_frame import AttachedFrame, fleet_rows, ledger, pod_series, rates, residency
 from dashboard.event_log import event_rows
 from dashboard.figures.attached import (
     block_label, per_pod_lines, prefix_tree_figure, rates_figure, residency_figure,
@@ -27,7 +27,7 @@ from engine.attach.locator import locate
 from engine.events.folds.prefix_tree import PrefixTree
 
 TABS = ("Prefix tree", "Cached blocks", "Residency", "Hit rate & usage", "Shared prefixes",
-        "Prompt lookup", "Event log")
+        "Prompt lookup", "Index fidelity", "Wire doctor", "Event log")
 RESIDENCY = (  # (ResidencyLog list, title, what an empty one means)
     ("lifetime_s", "Block lifetime: stored → removed (s)",
      "No block stored since the attach was removed yet."),
@@ -59,6 +59,7 @@ def kpis(frame: AttachedFrame) -> None:
     snap = frame.snapshot
     st.caption(f"Step {frame.step} · {len(snap.pods)} pod(s) · {snap.num_cached_blocks} cached "
                f"blocks in all · each step is one received batch (or a hole, a restart, a scrape)")
+    fleet = fleet_rows(frame)
     for name in frame.pods():
         p = snap.pods[name]
         m = _scraped(frame, name)
@@ -80,6 +81,15 @@ def kpis(frame: AttachedFrame) -> None:
         ttft = m.get("ttft_p50_s")
         cols[5].metric("TTFT p50", "–" if ttft is None else f"{ttft * 1000:.0f} ms",
                        help="scraped: median time to first token since the attach")
+        f = fleet.get(name)
+        if f is not None:
+            d = f.get("dialect") or {}
+            st.caption(f"Index fidelity: completeness {_share(f.get('completeness'))} · "
+                       f"{f.get('gaps_filled', 0)} gap(s) filled, {f.get('gaps_unfilled', 0)} not · "
+                       f"{f.get('restarts', 0)} restart(s) · {f.get('duplicate_batches', 0)} duplicate "
+                       f"batch(es) · latest dialect: " + (f"events {d.get('events')}, hashes "
+                       f"{d.get('hashes')}, {d.get('frames')} frames, fields {d.get('fields')}"
+                       if d and "error" not in d else "–"))
         if m.get("error"):
             st.caption(f"{name}: the last scrape failed ({m['error']}); figures are from the one before.")
         if p.incomplete:
@@ -243,6 +253,97 @@ def _lookup_tab(frame: AttachedFrame) -> None:
                f"{WHY.get(first.chain_break.reason, first.chain_break.reason)}.")
 
 
+def _share(v: Any) -> str:
+    return "–" if v is None else f"{100 * v:.1f}%"
+
+
+def fidelity_table(rows: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """The fidelity monitor's table: one row per pod, as the attach worker counted."""
+    out = []
+    for pod, r in rows.items():
+        out.append({"pod": pod, "completeness": _share(r.get("completeness")),
+                    "batches": r.get("received", 0), "live": r.get("live", 0),
+                    "replayed: history · gap · tail": f"{r.get('replayed_history', 0)} · "
+                    f"{r.get('replayed_gap', 0)} · {r.get('replayed_tail', 0)}",
+                    "gaps filled": r.get("gaps_filled", 0), "gaps unfilled": r.get("gaps_unfilled", 0),
+                    "holes": r.get("holes", 0), "batches lost": r.get("lost_batches", 0),
+                    "restarts": r.get("restarts", 0), "duplicate batches": r.get("duplicate_batches", 0),
+                    "duplicate stores": r.get("duplicate_stores", 0),
+                    "placeholder stores": r.get("placeholder_stores", 0),
+                    "removals never stored": r.get("unknown_removals", 0),
+                    "undecodable": r.get("undecodable", 0), "bad messages": r.get("bad_messages", 0),
+                    "replay failures": r.get("replay_failures", 0),
+                    "dialects": "; ".join(f"{k} ×{n}" for k, n in (r.get("dialects") or {}).items())})
+    return pd.DataFrame(out)
+
+
+def _fidelity_tab(frame: AttachedFrame) -> None:
+    rows = fleet_rows(frame)
+    if not rows:
+        st.info("No fidelity figures yet: they ride on the attach worker's steps (runs recorded "
+                "before the fleet microscope have none).")
+        return
+    st.dataframe(fidelity_table(rows), hide_index=True, width="stretch")
+    st.caption("Is the index complete? Completeness = batches applied / (applied + lost), over the "
+               "publisher's sequence numbers up to the latest seen. A gap is filled through the "
+               "replay socket when it still has the batches; what it has not is a hole (batches "
+               "lost). A restart (seq back to 0) empties the pod's cache. Duplicate batches are a "
+               "replay overlapping the live stream (dropped); duplicate stores are a hash stored "
+               "while cached (vLLM's recomputed copy); placeholder stores carry a hash only (an "
+               "offload tier). Removals of hashes never stored mean a store was missed (a hole, "
+               "or a publisher that dropped it). Dialect: event encoding (tagged map or array), "
+               "hash kind (int or bytes), frame layout, and the field set (vLLM 0.3x, SGLang, "
+               "common).")
+
+
+def _wire_tab(frame: AttachedFrame) -> None:
+    pods = [p.get("pod") for p in frame.config.get("pods") or []] or frame.pods()
+    if not pods:
+        st.info("No pod yet.")
+        return
+    pod = st.selectbox("Pod", pods, key=f"{frame.source}_wire_pod")
+    if frame.source == "live":
+        from dashboard.attach_http import get_json
+        from dashboard.connection import settings
+
+        got = get_json(settings().url, "/wire", pod=pod)
+        if "error" in got:
+            st.error(f"The attach server did not answer /wire: {got['error']}")
+            return
+        batches = got.get("batches") or []
+        st.caption(f"The last {len(batches)} raw batch(es) {pod} sent, newest first, as received "
+                   "and decoded field by field from the msgpack (array events' fields named by "
+                   "vLLM's order; fields past it marked unknown). `GET /wire?pod=` gives the same.")
+        for b in batches:
+            d = b.get("dialect") or {}
+            head = (f"seq {b['seq']} · segment {b['segment']} · {b['fill']} · {b['bytes']} bytes · "
+                    + (f"undecodable ({d['error']})" if "error" in d else
+                       f"events {d.get('events')} · hashes {d.get('hashes')} · {b['frames']} frames · "
+                       f"fields {d.get('fields')}"))
+            with st.expander(head, expanded=b is batches[0]):
+                st.dataframe(pd.DataFrame(b.get("fields") or []), hide_index=True, width="stretch")
+        if not batches:
+            st.info(f"{pod} has sent no batch yet.")
+        return
+    st.caption("Raw bytes are kept only by a running `kvscope attach` (the wire doctor live); a "
+               "stored run has each batch's dialect and its events as decoded:")
+    rows = []
+    for r in reversed(frame.shown_records):
+        m = r.metrics
+        if m.get("pod") != pod or "source_seq" not in m:
+            continue
+        w = m.get("wire") or {}
+        rows.append({"step": r.step, "seq": m.get("source_seq"), "how": m.get("fill", "?"),
+                     "events": w.get("events"), "hashes": w.get("hashes"), "frames": w.get("frames"),
+                     "fields": w.get("fields"), "kinds": ", ".join(e.type for e in r.events)})
+        if len(rows) >= 50:
+            break
+    if rows:
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    else:
+        st.info(f"No batch of {pod} up to this step.")
+
+
 def render_attached_view(frame: AttachedFrame, marker: int | None = None) -> None:
     """Headline figures, the hash-only caveat, and the lazy tabs."""
     st.info(CANNOT_SHOW, icon=":material/info:")
@@ -295,12 +396,11 @@ def render_attached_view(frame: AttachedFrame, marker: int | None = None) -> Non
             right.plotly_chart(per_pod_lines(df, "ttft_p50_s", "TTFT median since the attach "
                                              "(scraped, s)", "seconds", marker=marker, empty=none),
                                config=PLOT_CONFIG, key=f"{frame.source}_ttft")
-    with panels["Shared prefixes"]:
-        if is_open("Shared prefixes"):
-            _shared_tab(frame)
-    with panels["Prompt lookup"]:
-        if is_open("Prompt lookup"):
-            _lookup_tab(frame)
+    for name, draw in (("Shared prefixes", _shared_tab), ("Prompt lookup", _lookup_tab),
+                       ("Index fidelity", _fidelity_tab), ("Wire doctor", _wire_tab)):
+        with panels[name]:
+            if is_open(name):
+                draw(frame)
     with panels["Event log"]:
         if is_open("Event log"):
             rows = event_rows(frame.events)

@@ -54,7 +54,7 @@ class Removal:
 
 
 class PodLedger:
-    __slots__ = ("pod", "removals", "by_tokens", "mediums", "evicted", "evicted_unreused", "recent_evictions",
+    __slots__ = ("pod", "removals", "by_tokens", "mediums", "evicted", "evicted_unreused", "recent",
                  "placeholder_stores", "duplicate_stores", "stored_again_after_removal", "last_ts")
 
     def __init__(self, pod: str) -> None:
@@ -64,7 +64,8 @@ class PodLedger:
         self.by_tokens: dict[tuple[str | None, str | None, tuple[int, ...]], str] = {}
         self.mediums: set[str | None] = set()  # every medium a removal was remembered in
         self.evicted = self.evicted_unreused = 0
-        self.recent_evictions: deque[float] = deque()
+        # engine ts of the blocks stored / removed / evicted in the last CHURN_WINDOW_S
+        self.recent: dict[str, deque[float]] = {"stored": deque(), "removed": deque(), "evicted": deque()}
         self.placeholder_stores = self.duplicate_stores = self.stored_again_after_removal = 0
         self.last_ts: float | None = None
 
@@ -98,12 +99,19 @@ class PodLedger:
             del self.by_tokens[(r.medium, r.parent, r.token_ids)]
         return True
 
-    def evicted_per_min(self, now_ts: float | None = None) -> float:
-        """Evictions in the ``CHURN_WINDOW_S`` before ``now_ts`` (default: the pod's last ts), per minute."""
+    def _count(self, kind: str, ts: float, n: int = 1) -> None:
+        q = self.recent[kind]
+        q.extend([ts] * n)
+        while q and q[0] <= ts - CHURN_WINDOW_S:
+            q.popleft()
+
+    def per_min(self, kind: str, now_ts: float | None = None) -> float:
+        """Blocks ``kind`` ("stored", "removed", "evicted") in the ``CHURN_WINDOW_S`` before
+        ``now_ts`` (default: the pod's latest ts), per minute."""
         now = self.last_ts if now_ts is None else now_ts
         if now is None:
             return 0.0
-        n = sum(1 for t in self.recent_evictions if t > now - CHURN_WINDOW_S)
+        n = sum(1 for t in self.recent[kind] if t > now - CHURN_WINDOW_S)
         return n * 60.0 / CHURN_WINDOW_S
 
     def churn(self) -> dict[str, Any]:
@@ -111,7 +119,8 @@ class PodLedger:
                 "evicted_before_reuse": self.evicted_unreused,
                 "evicted_before_reuse_share": (self.evicted_unreused / self.evicted
                                                if self.evicted else None),
-                "evicted_per_min": self.evicted_per_min(),
+                "evicted_per_min": self.per_min("evicted"),
+                "stored_per_min": self.per_min("stored"), "removed_per_min": self.per_min("removed"),
                 "recomputed_after_removal": self.stored_again_after_removal}
 
 
@@ -147,11 +156,15 @@ class FleetLedger:
             if e.is_placeholder:
                 led.placeholder_stores += len(e.block_hashes)
             cached = self.state.pods.get(e.pod)
+            new = 0
             for h in e.block_hashes:
                 if cached is not None and (e.medium, h) in cached.blocks:
                     led.duplicate_stores += 1
-                elif led._forget(e.medium, h):
+                    continue
+                new += 1
+                if led._forget(e.medium, h):
                     led.stored_again_after_removal += 1
+            led._count("stored", e.ts, new)
         elif isinstance(e, KVBlockRemoved):
             led = self.pod(e.pod)
             led.last_ts = _later(led.last_ts, e.ts)
@@ -167,12 +180,13 @@ class FleetLedger:
                 if b is None:
                     continue
                 pending[key] = pending.get(key, 0) + 1
+                if pending[key] > b.copies:
+                    continue  # more removals than copies: the fold counts it as unknown
+                led._count("removed", e.ts)
                 if b.copies - pending[key] == 0:  # its last copy: the block leaves
                     led.evicted += 1
                     led.evicted_unreused += b.reuses == 0
-                    led.recent_evictions.append(e.ts)
-                    while led.recent_evictions and led.recent_evictions[0] <= e.ts - CHURN_WINDOW_S:
-                        led.recent_evictions.popleft()
+                    led._count("evicted", e.ts)
                     led._remember(Removal(b.hash, b.medium, b.parent, b.token_ids, e.ts, step,
                                           EVICTED, b.reuses))
         elif isinstance(e, KVAllCleared):

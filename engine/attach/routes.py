@@ -9,6 +9,10 @@
   ``prompt`` / ``token_ids``, a text prompt without ``--tokenizer``, a bad token id, a
   body over ``MAX_BODY_BYTES``); 503 before the worker runs.
 
+- ``GET /wire?pod=NAME``: the wire doctor: the pod's last raw batches as received (seq,
+  segment, topic, frame layout, how it came, wall time, size, dialect) each decoded field by
+  field (``engine.attach.wire.explain``); 404 for a pod attach does not follow.
+
 Both need the server token when one is set (401), and refuse a browser Origin that is not
 the dashboard's (403), as the websocket door does.
 
@@ -27,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from engine.attach.locator import LocateError, check_token_ids
+from engine.attach.wire import dialect, explain
 from engine.server.port.http import CHALLENGE, UNAUTHORIZED, Gate
 
 MAX_BODY_BYTES = 16 << 20  # a prompt of a million token ids fits
@@ -54,12 +59,15 @@ async def _read_json(request: Request) -> Any:
 
 
 class AttachRoutes:
-    def __init__(self, gate: Gate, worker: Callable[[], Any], tokenizer_file: str | None) -> None:
+    def __init__(self, gate: Gate, worker: Callable[[], Any], tokenizer_file: str | None,
+                 subscriptions: Callable[[], list[Any]] = list) -> None:
         self.gate, self.worker, self.tokenizer_file = gate, worker, tokenizer_file
+        self.subscriptions = subscriptions
         self._tokenizer = None
 
     def routes(self) -> list[BaseRoute]:
-        return [Route("/locate", self.locate, methods=["POST"])]
+        return [Route("/locate", self.locate, methods=["POST"]),
+                Route("/wire", self.wire, methods=["GET", "HEAD"])]
 
     def _refused(self, request: Request) -> Response | None:
         if not self.gate.origin_ok(request):
@@ -111,3 +119,26 @@ class AttachRoutes:
         step, found = await asyncio.to_thread(self.worker().locate, ids)
         return JSONResponse({"step": step, "prompt_tokens": len(ids),
                              "pods": [loc.to_dict() for loc in found]})
+
+    async def wire(self, request: Request) -> Response:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        pod = request.query_params.get("pod")
+        subs = {s.source.pod: s for s in self.subscriptions()}
+        if pod not in subs:
+            return _bad(f"no pod {pod!r} here; attach follows {', '.join(map(repr, subs)) or 'none'} "
+                        "(ask /wire?pod=NAME)", 404, "not_found")
+        return JSONResponse({"pod": pod, "batches": wire_batches(subs[pod].last_frames())})
+
+
+def wire_batches(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The wire doctor's view of raw batches (newest first)."""
+    out = []
+    for f in reversed(frames):
+        topic = f["topic"]
+        out.append({"seq": f["seq"], "segment": f["segment"], "frames": f["frames"], "fill": f["fill"],
+                    "wall": f["wall"], "bytes": len(f["payload"]),
+                    "topic": None if topic is None else topic.decode("utf-8", "replace"),
+                    "dialect": dialect(f["payload"], f["frames"]), "fields": explain(f["payload"])})
+    return out

@@ -110,8 +110,13 @@ class AttachServer(FrontDoor):
         for sub in self.subscriptions:
             sub.sub.close(0)
 
+    def _wire_counters(self, pod: str) -> dict[str, Any]:
+        sub = next((s for s in self.subscriptions if s.source.pod == pod), None)
+        return {} if sub is None else sub.counters()
+
     def _routes(self) -> list[BaseRoute]:
-        return AttachRoutes(self.gate, lambda: self.worker, self.options.tokenizer_file).routes()
+        return AttachRoutes(self.gate, lambda: self.worker, self.options.tokenizer_file,
+                            lambda: self.subscriptions).routes()
 
     def _extra_health(self) -> dict[str, Any]:
         return {"kind": "attached", "pods": [p.pod for p in self.options.pods]}
@@ -126,7 +131,8 @@ class AttachServer(FrontDoor):
         self.worker = AttachWorker(opts.pods, self.items, post, self.mailbox, self.board,
                                    opts.run_config(), self.recorder, opts.label, self.scrapers,
                                    {"max_frame_bytes": opts.max_frame_bytes,
-                                    "step_buffer": opts.step_buffer, "read_only": True})
+                                    "step_buffer": opts.step_buffer, "read_only": True},
+                                   wire_counters=self._wire_counters)
         self.worker.start()
         for t in (*self.scrapers.values(), *self.subscriptions):
             t.start()

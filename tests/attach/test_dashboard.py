@@ -79,6 +79,22 @@ def test_live_attach_renders_in_the_live_page_with_every_tab(env):
     assert (by_pod["pod-b"]["why"], by_pod["pod-b"]["chain breaks at block"], by_pod["pod-b"]["at token"]) \
         == ("diverged", 3, 15)
     assert at.selectbox(key="live_locate_pod").value == "pod-a"  # its tree, the prefix outlined
+    # the fidelity monitor: pod-b lost one batch in a hole; pod-a is complete
+    at.session_state["live_attached_tabs"] = "Index fidelity"
+    at.run()
+    fid = {r["pod"]: r for r in at.dataframe[0].value.to_dict("records")}
+    assert (fid["pod-a"]["completeness"], fid["pod-a"]["batches"], fid["pod-a"]["batches lost"]) == ("100.0%", 7, 0)
+    assert (fid["pod-b"]["completeness"], fid["pod-b"]["gaps unfilled"], fid["pod-b"]["batches lost"]) == ("75.0%", 1, 1)
+    assert fid["pod-b"]["dialects"] == "events array · hashes int · 3 frames · fields vllm-0.3x ×3"
+    assert "Index fidelity: completeness 75.0% · 0 gap(s) filled, 1 not" in texts(at)
+    # the wire doctor: pod-b's raw batches from the running attach, newest first
+    at.session_state["live_attached_tabs"] = "Wire doctor"
+    at.run()
+    at.selectbox(key="live_wire_pod").set_value("pod-b").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.expander[0].label.startswith("seq 3 · segment 0 · live · ")
+    fields = {r["path"]: r["value"] for r in at.dataframe[0].value.to_dict("records")}
+    assert fields["events[0].type"] == "BlockStored" and fields["events[0].parent_block_hash"] == "13"
     at.session_state["live_attached_tabs"] = "Shared prefixes"
     at.run()
     shared = at.dataframe[0].value

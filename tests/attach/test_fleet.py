@@ -82,7 +82,7 @@ def fleet(tmp_path_factory):
         srv = start_attach(tmp, *sources, label="fleet")
         for p in pubs.values():
             p.wait_subscriber()
-        yield srv, llms, pubs
+        yield srv, llms, pubs, {}
     finally:
         if srv is not None:
             srv.stop()
@@ -98,7 +98,11 @@ def caught_up(srv, llm: LLM, name: str) -> None:
 
 
 
-def publish_synthetic(pubs: dict[str, FakePublisher]) -> None:
+def publish_synthetic(srv, pubs: dict[str, FakePublisher], done: dict) -> None:
+    """The synthetic pods' workload, once per module (the tests share the fleet)."""
+    if done.get("synthetic"):
+        return
+    done["synthetic"] = True
     t = list(range(1, 13))
     m = pubs["syn-map"]
     m.publish([stored([1, 2, 3], None, t, BS)])
@@ -115,10 +119,13 @@ def publish_synthetic(pubs: dict[str, FakePublisher]) -> None:
     s.publish([stored([21, 22, 23], None, t, BS, cache_salt=None)])
     s.publish([stored([21, 22, 23], None, [], 0, medium="CPU_PINNED")])  # offloaded: placeholders
     s.publish([removed([23, 22])])  # the GPU copies of blocks 1 and 2 go
+    wait_until(lambda: len(getattr(srv.worker.state.pods.get("syn-sglang"), "blocks", ())) == 4
+               and srv.worker.state.cached("syn-map") == {format(x, "016x") for x in (1, 2, 4, 5)}
+               and len(srv.worker.state.cached("syn-array")) == 4, what="the synthetic pods")
 
 
 def test_locate_answers_what_each_pod_then_serves(fleet):
-    srv, llms, pubs = fleet
+    srv, llms, pubs, done = fleet
     kv0, kv1 = llms["kv-0"], llms["kv-1"]
     # kv-0 serves the system prompt with questions; kv-1 a stream that evicts the first one
     for q in ([7, 8, 9, 10, 11], [7, 8, 20, 21, 22], [30, 31]):
@@ -127,12 +134,9 @@ def test_locate_answers_what_each_pod_then_serves(fleet):
     assert run(kv1, first) == 0
     for i in range(4):  # 4 x 6 blocks through a 20-block pool: the first prompt's blocks go
         run(kv1, [130 + 38 * i + k for k in range(22)])
-    publish_synthetic(pubs)
+    publish_synthetic(srv, pubs, done)
     for name, llm in llms.items():
         caught_up(srv, llm, name)
-    wait_until(lambda: len(getattr(srv.worker.state.pods.get("syn-sglang"), "blocks", ())) == 4
-               and srv.worker.state.cached("syn-map") == {format(x, "016x") for x in (1, 2, 4, 5)}
-               and len(srv.worker.state.cached("syn-array")) == 4, what="the synthetic pods")
 
     # 1. the system prompt and a new question: kv-0 holds 3 blocks, where it diverges
     probe = SYSTEM + [7, 8, 40, 41, 42, 43]  # 19 tokens: 4 full blocks
@@ -199,3 +203,62 @@ def test_locate_refuses_bad_input_by_name(fleet, body, says):
     assert status == 400 and says in out["detail"], out
     status, out = http(srv.url.replace("ws://", "http://") + "/locate", method="GET")
     assert status == 405
+
+
+def test_fidelity_counts_what_each_pod_did_on_the_wire(fleet):
+    srv, llms, pubs, done = fleet
+    publish_synthetic(srv, pubs, done)
+    m, a = pubs["syn-map"], pubs["syn-array"]
+    # syn-map: a duplicate batch (seq 3 again), a bad message, an undecodable batch, one more
+    last = m.buffer[-1]
+    m.send_raw([m.topic, last[0].to_bytes(8, "big"), last[1]])
+    m.send_raw([b"not", b"a batch"])
+    m.publish([], payload=b"\xc1")  # 0xc1: a byte msgpack never uses
+    m.publish([stored([6], 5, [54, 55, 56, 57], BS)])
+    # syn-array: the publisher restarts (seq back to 0, its cache empty)
+    a.restart()
+    a.wait_subscriber()
+    a.publish([stored([bytes([9]) * 32], None, [70, 71, 72, 73], BS)])
+    wait_until(lambda: srv.worker.fleet.get("syn-map", {}).get("received") == 5
+               and srv.worker.fleet.get("syn-array", {}).get("restarts") == 1, what="the injected faults")
+    wait_until(lambda: all(srv.worker.fleet.get(p, {}).get("received", 0) >= 3 for p in srv.worker.fleet)
+               and len(srv.worker.fleet) == 5, what="every pod's row")
+    f = dict(srv.worker.fleet)
+    sm = f["syn-map"]
+    assert {k: sm[k] for k in ("received", "live", "replayed_gap", "gaps", "gaps_filled", "gaps_unfilled",
+                               "holes", "lost_batches", "undecodable", "duplicate_batches", "bad_messages",
+                               "restarts")} == {
+        "received": 5, "live": 4, "replayed_gap": 1, "gaps": 1, "gaps_filled": 1, "gaps_unfilled": 0,
+        "holes": 1, "lost_batches": 1, "undecodable": 1, "duplicate_batches": 1, "bad_messages": 1, "restarts": 0}
+    assert sm["completeness"] == 5 / 6
+    assert sm["dialects"] == {"events map · hashes int · 3 frames · fields common": 5,
+                              "undecodable · 3 frames": 1}
+    sa = f["syn-array"]
+    assert {k: sa[k] for k in ("received", "gaps", "gaps_unfilled", "lost_batches", "restarts",
+                               "duplicate_stores", "cached_blocks")} == {
+        "received": 4, "gaps": 1, "gaps_unfilled": 1, "lost_batches": 1, "restarts": 1,
+        "duplicate_stores": 3, "cached_blocks": 1}  # the restart emptied the cache
+    assert sa["completeness"] == 4 / 5
+    assert set(sa["dialects"]) == {"events array · hashes bytes · 3 frames · fields vllm-0.3x"}
+    sg = f["syn-sglang"]
+    assert (sg["placeholder_stores"], sg["completeness"], sg["evicted_blocks"]) == (3, 1.0, 2)
+    assert sg["dialects"] == {"events map · hashes int · 3 frames · fields sglang": 2,
+                              "events map · hashes int · 3 frames · fields common": 1}
+    for name in KV:
+        k = f[name]
+        assert (k["completeness"], k["lost_batches"], k["restarts"], k["bad_messages"]) == (1.0, 0, 0, 0)
+        assert k["dialect"]["events"] == "map" and k["dialect"]["hashes"] == "int"
+    # the wire doctor: the latest raw batches, newest first, field by field
+    status, got = http(srv.url.replace("ws://", "http://") + "/wire?pod=syn-map", method="GET")
+    assert status == 200
+    newest, bad = got["batches"][0], got["batches"][1]
+    assert newest["seq"] == 5 and newest["dialect"]["events"] == "map"
+    fields = {r["path"]: r["value"] for r in newest["fields"]}
+    assert fields["events[0].type"] == "BlockStored" and fields["events[0].parent_block_hash"] == "5"
+    assert fields["events[0].token_ids"] == "4 × int: 54, 55, 56, 57"
+    assert bad["seq"] == 4 and "not msgpack" in bad["dialect"]["error"]
+    status, got = http(srv.url.replace("ws://", "http://") + "/wire?pod=syn-array", method="GET")
+    arr = {r["path"]: r for r in got["batches"][0]["fields"]}
+    assert arr["events[0]"]["value"].startswith("tagged array of") and arr["events[0].medium"]["value"] == "GPU"
+    status, got = http(srv.url.replace("ws://", "http://") + "/wire?pod=nope", method="GET")
+    assert status == 404 and "'syn-map'" in got["detail"]
