@@ -22,7 +22,11 @@ The attach worker puts the rows in its steps (``metrics["fleet"][pod]``), so the
 draws them live and from a stored run alike; the scraped figures (hit rate, usage) ride next
 to them in ``metrics["scraped"]``.
 
-Pure: plain values in, a plain dict out.
+``overview`` turns the rows into the fleet page's table: headline figures, the age of each
+pod's latest batch, and alerts (no batch yet, batches lost, restarts, removals of hashes never
+stored, quiet past ``QUIET_ALERT_S``, a failed scrape).
+
+Pure: plain values in, plain dicts out.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.attach.ledger import PodLedger
+from engine.attach.wire import dialect_key
 
 FIDELITY_KEYS = ("received", "gaps", "gaps_filled", "holes", "lost_batches", "restarts",
                  "duplicate_batches", "bad_messages", "replay_failures")
@@ -65,3 +70,42 @@ def pod_row(counters: dict[str, Any], pod: Any | None, ledger: PodLedger | None)
                    evicted_per_min=0.0, stored_per_min=0.0, removed_per_min=0.0,
                    recomputed_after_removal=0, duplicate_stores=0, placeholder_stores=0)
     return row
+
+
+QUIET_ALERT_S = 60.0  # a pod silent this long (wall clock) is flagged: are its events reaching us?
+
+
+def overview(rows: dict[str, dict[str, Any]], now_wall: float) -> list[dict[str, Any]]:
+    """The fleet page's rows: per pod its row's headline figures, the scraped hit rate and
+    usage (``row["scraped"]``), the age of its latest batch at ``now_wall`` and what to look at
+    (``alerts``)."""
+    out = []
+    for pod, r in rows.items():
+        sc = r.get("scraped") or {}
+        last = r.get("last_batch_wall")
+        age = None if last is None else max(0.0, now_wall - last)
+        alerts = []
+        if not r.get("received") and not r.get("lost_batches"):
+            alerts.append("no batch received yet")
+        if r.get("lost_batches"):
+            alerts.append(f"{r['lost_batches']} batch(es) lost in {r.get('holes', 0)} hole(s)")
+        if r.get("restarts"):
+            alerts.append(f"publisher restarted {r['restarts']}x")
+        if r.get("unknown_removals"):
+            alerts.append(f"{r['unknown_removals']} removal(s) of hashes never stored")
+        if age is not None and age > QUIET_ALERT_S:
+            alerts.append(f"quiet for {age:.0f} s")
+        if sc.get("error"):
+            alerts.append("the last /metrics scrape failed")
+        d = r.get("dialect") or {}
+        out.append({"pod": pod, "cached_blocks": r.get("cached_blocks", 0), "block_size": r.get("block_size"),
+                    "stored_per_min": r.get("stored_per_min", 0.0),
+                    "removed_per_min": r.get("removed_per_min", 0.0),
+                    "evicted_per_min": r.get("evicted_per_min", 0.0),
+                    "evicted_blocks": r.get("evicted_blocks", 0),
+                    "evicted_before_reuse_share": r.get("evicted_before_reuse_share"),
+                    "hit_rate": sc.get("prefix_cache_hit_rate"), "kv_usage": sc.get("kv_cache_usage"),
+                    "completeness": r.get("completeness"), "gaps_unfilled": r.get("gaps_unfilled", 0),
+                    "restarts": r.get("restarts", 0), "last_event_age_s": age,
+                    "dialect": None if not d else dialect_key(d), "alerts": alerts})
+    return out

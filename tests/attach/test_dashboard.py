@@ -140,3 +140,34 @@ def test_the_event_log_says_what_a_stored_or_removed_block_is_and_where():
                                 ownership="tier-1")
     assert _detail(placeholder)[1] == "pod p; a placeholder (hash only, no tokens); CPU_PINNED, LOCAL, tier-1"
     assert _detail(KVBlockRemoved(2, "p", ("ab" * 8,), 2.0))[1] == "pod p"
+
+
+def fleet_table(at: AppTest) -> dict[str, dict]:
+    assert not at.exception, [e.value for e in at.exception]
+    return {r["pod"]: r for r in at.dataframe[0].value.to_dict("records")}
+
+
+def test_the_fleet_page_has_a_row_per_pod_live_and_stored(env):
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page("views/fleet.py")
+    at = rerun_until(at, lambda a: len(a.dataframe) > 0 and len(a.dataframe[0].value) == 2,
+                     what="the fleet table")
+    assert at.title[0].value == "Fleet: every pod at a glance"
+    rows = fleet_table(at)
+    assert list(rows) == ["pod-a", "pod-b"]
+    a, b = rows["pod-a"], rows["pod-b"]
+    assert (a["cached blocks"], a["index completeness"], a["gaps unfilled"], a["look at"]) == (7, "100.0%", 0, "–")
+    assert (b["cached blocks"], b["index completeness"], b["gaps unfilled"]) == (5, "75.0%", 1)
+    assert b["look at"] == "1 batch(es) lost in 1 hole(s)"
+    assert a["evicted before reuse"] == "100.0%"  # block 4 went, never reused
+    assert a["hit rate"] == "–"  # no --metrics in the demo
+    assert a["dialect"] == "events map · hashes int · 3 frames · fields common"
+    assert a["last event"].endswith(" s")
+    assert any("**pod-b**: 1 batch(es) lost" in w.value for w in at.warning)
+    env.stop()  # the stored run shows the same rows at its last step
+    release_streamlit_resources()  # the dashboard's connection to the stopped attach
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page("views/fleet.py").run()
+    rows = fleet_table(at)
+    assert (rows["pod-a"]["cached blocks"], rows["pod-b"]["index completeness"]) == (7, "75.0%")
+    assert "a stored run" in "\n".join(c.value for c in at.caption)

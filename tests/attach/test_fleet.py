@@ -10,12 +10,14 @@ break's reason is the one the workload made (evicted, diverged, never stored, pa
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.attach.fleet import overview
 from engine.attach.pod_source import PodSource
 from engine.events.schema.hash_key import hash_key
 from engine.kv_events.mapping import vllm_block_hash
@@ -248,6 +250,14 @@ def test_fidelity_counts_what_each_pod_did_on_the_wire(fleet):
         k = f[name]
         assert (k["completeness"], k["lost_batches"], k["restarts"], k["bad_messages"]) == (1.0, 0, 0, 0)
         assert k["dialect"]["events"] == "map" and k["dialect"]["hashes"] == "int"
+    # the fleet page's rows: what to look at, per pod
+    ov = {r["pod"]: r for r in overview({p: f[p] for p in f}, time.time())}
+    assert list(ov) == [*KV, "syn-map", "syn-array", "syn-sglang"]
+    assert ov["syn-array"]["alerts"] == ["1 batch(es) lost in 1 hole(s)", "publisher restarted 1x"]
+    assert ov["syn-map"]["alerts"] == ["1 batch(es) lost in 1 hole(s)"]
+    assert ov["syn-sglang"]["alerts"] == [] and ov["syn-sglang"]["evicted_blocks"] == 2
+    for name in KV:
+        assert ov[name]["alerts"] == [] and ov[name]["last_event_age_s"] < 60
     # the wire doctor: the latest raw batches, newest first, field by field
     status, got = http(srv.url.replace("ws://", "http://") + "/wire?pod=syn-map", method="GET")
     assert status == 200
