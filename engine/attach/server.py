@@ -96,7 +96,9 @@ class AttachServer(FrontDoor):
         self.scrapers: dict[str, Scraper] = {}
         self.worker: AttachWorker | None = None
         self.metrics.watch_attach(lambda: self.subscriptions,
-                                  lambda: {} if self.worker is None else self.worker.counts)
+                                  lambda: {} if self.worker is None else self.worker.counts,
+                                  lambda: ({}, {}) if self.worker is None else
+                                  (self.worker.fleet, dict(self.worker.locate_queries)))
 
     @property
     def run_id(self) -> str | None:

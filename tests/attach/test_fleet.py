@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, SamplingParams
 from engine.attach.fleet import overview
@@ -258,6 +259,25 @@ def test_fidelity_counts_what_each_pod_did_on_the_wire(fleet):
     assert ov["syn-sglang"]["alerts"] == [] and ov["syn-sglang"]["evicted_blocks"] == 2
     for name in KV:
         assert ov[name]["alerts"] == [] and ov[name]["last_event_age_s"] < 60
+    # attach's own /metrics carry the same, per pod (so the fleet view lands in Grafana)
+    locate(srv, token_ids=[1, 2, 3, 4, 5])
+    with urllib.request.urlopen(srv.url.replace("ws://", "http://") + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    samples = {(s.name, s.labels.get("pod")): s for fam in text_string_to_metric_families(text)
+               for s in fam.samples}
+    assert samples[("kvscope_attach_restarts_total", "syn-array")].value == 1
+    assert samples[("kvscope_attach_lost_batches_total", "syn-map")].value == 1
+    assert samples[("kvscope_attach_duplicate_batches_total", "syn-map")].value == 1
+    assert samples[("kvscope_attach_gaps_filled_total", "syn-map")].value == 1
+    assert samples[("kvscope_attach_placeholder_stores_total", "syn-sglang")].value == 3
+    assert samples[("kvscope_attach_evicted_blocks_total", "syn-sglang")].value == 2
+    assert samples[("kvscope_attach_completeness_ratio", "syn-map")].value == pytest.approx(5 / 6)
+    assert samples[("kvscope_attach_completeness_ratio", "kv-0")].value == 1.0
+    assert samples[("kvscope_attach_locate_queries_total", "kv-1")].value >= 1
+    assert samples[("kvscope_attach_evicted_blocks_total", "kv-1")].value == f["kv-1"]["evicted_blocks"]
+    assert samples[("kvscope_attach_dialect_info", "syn-array")].labels == {
+        "pod": "syn-array", "events": "array", "hashes": "bytes", "frames": "3", "fields": "vllm-0.3x"}
+    assert 0 <= samples[("kvscope_attach_last_batch_age_seconds", "kv-0")].value < 60
     # the wire doctor: the latest raw batches, newest first, field by field
     status, got = http(srv.url.replace("ws://", "http://") + "/wire?pod=syn-map", method="GET")
     assert status == 200
