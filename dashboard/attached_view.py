@@ -216,41 +216,52 @@ def _lookup_tab(frame: AttachedFrame) -> None:
     ids = _prompt_ids(frame)
     if ids is None:
         return
-    found = locate(frame.snapshot, ids, _ledger(frame), frame.pods())
+    answers = None
+    if frame.source == "live":  # the running attach answers from its whole history
+        from dashboard.attach_http import post_json
+        from dashboard.connection import settings
+
+        got = post_json(settings().url, "/locate", {"token_ids": ids})
+        if "error" in got:
+            st.caption(f"The attach server did not answer /locate ({got['error']}); the answer "
+                       "below is from the steps this dashboard holds.")
+        else:
+            answers = got["pods"]
+            st.caption(f"`kvscope attach` answered at its step {got['step']} (POST /locate).")
+    if answers is None:
+        answers = [loc.to_dict() for loc in locate(frame.snapshot, ids, _ledger(frame), frame.pods())]
     rows = []
-    for loc in found:
-        d = loc.to_dict()
+    for d in answers:
         brk = d["break"]
-        rows.append({"pod": loc.pod, "tier": d["tier"] or "–", "matched by": d["method"] or "–",
+        rows.append({"pod": d["pod"], "tier": d["tier"] or "–", "matched by": d["method"] or "–",
                      "cached blocks": d["cached_blocks"], "cached tokens": d["cached_tokens"],
                      "hit if sent now": d["hit_tokens"], "prompt tokens": len(ids),
                      "chain breaks at block": brk["block"], "at token": brk["token"],
-                     "why": WHY.get(brk["reason"], brk["reason"]), "block size": loc.block_size})
+                     "why": WHY.get(brk["reason"], brk["reason"]), "block size": d["block_size"]})
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption("'hit if sent now' leaves out the last prompt token: the engine recomputes it for "
                "its logits, so a prompt of whole cached blocks hits one block less.")
-    best = max(found, key=lambda loc: (loc.best.cached_blocks if loc.best else 0), default=None)
-    if best is not None and best.best is not None and best.best.cached_blocks and frame.token_text:
-        cached = ids[:best.best.cached_tokens]
-        st.markdown(f"Cached on **{best.pod}**: `{block_label(tuple(cached), frame.token_text, 400)}`")
-    for loc in found:
-        for t in loc.tiers:
-            st.markdown(f"**{loc.pod}** · {t.medium or 'cache'}: {t.cached_blocks} block(s) "
-                        f"({t.cached_tokens} tokens) cached; {t.chain_break.detail}.")
-    shown = [loc for loc in found if loc.tiers]
+    best = max(answers, key=lambda d: d["cached_blocks"], default=None)
+    if best is not None and best["cached_blocks"] and frame.token_text:
+        cached = ids[:best["cached_tokens"]]
+        st.markdown(f"Cached on **{best['pod']}**: `{block_label(tuple(cached), frame.token_text, 400)}`")
+    for d in answers:
+        for t in d["tiers"]:
+            st.markdown(f"**{d['pod']}** · {t['tier'] or 'cache'}: {t['cached_blocks']} block(s) "
+                        f"({t['cached_tokens']} tokens) cached; {t['break']['detail']}.")
+    shown = [d for d in answers if d["tiers"] and d["pod"] in frame.snapshot.pods]
     if not shown:
         return
-    pick = st.selectbox("Draw the located prefix on the tree of pod", [loc.pod for loc in shown],
+    pick = st.selectbox("Draw the located prefix on the tree of pod", [d["pod"] for d in shown],
                         key=f"{frame.source}_locate_pod")
-    loc = next(x for x in shown if x.pod == pick)
-    first = loc.tiers[0]
+    first = next(d for d in shown if d["pod"] == pick)["tiers"][0]
     view = frame.snapshot.pods[pick]
-    st.plotly_chart(prefix_tree_figure(PrefixTree(view, first.medium), frame.token_text, view.last_ts,
-                                       path=first.hashes),
+    st.plotly_chart(prefix_tree_figure(PrefixTree(view, first["tier"]), frame.token_text, view.last_ts,
+                                       path=first["hashes"]),
                     config=PLOT_CONFIG, key=f"{frame.source}_locate_tree")
-    st.caption(f"The prompt's cached prefix on {pick}'s {first.medium or 'cache'} is outlined "
-               f"({first.cached_blocks} block(s)); the chain breaks after it: "
-               f"{WHY.get(first.chain_break.reason, first.chain_break.reason)}.")
+    st.caption(f"The prompt's cached prefix on {pick}'s {first['tier'] or 'cache'} is outlined "
+               f"({first['cached_blocks']} block(s)); the chain breaks after it: "
+               f"{WHY.get(first['break']['reason'], first['break']['reason'])}.")
 
 
 def _share(v: Any) -> str:

@@ -112,8 +112,8 @@ class AttachRoutes:
         refused = self._refused(request)
         if refused is not None:
             return refused
-        try:
-            ids = self.token_ids(await _read_json(request))
+        try:  # off the loop: a long text prompt takes a while to tokenize
+            ids = await asyncio.to_thread(self.token_ids, await _read_json(request))
         except LocateError as exc:
             return _bad(str(exc))
         step, found = await asyncio.to_thread(self.worker().locate, ids)

@@ -56,7 +56,7 @@ def lookup(at: AppTest, prefix: str, prompt: str) -> list[dict]:
     at.text_area(key=f"{prefix}_prompt").set_value(prompt)
     next(b for b in at.button if b.label == "Look up").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    return at.dataframe[0].value.to_dict("records")
+    return next(d.value for d in at.dataframe if "why" in d.value.columns).to_dict("records")
 
 
 def test_live_attach_renders_in_the_live_page_with_every_tab(env):
@@ -79,6 +79,7 @@ def test_live_attach_renders_in_the_live_page_with_every_tab(env):
     assert (by_pod["pod-b"]["why"], by_pod["pod-b"]["chain breaks at block"], by_pod["pod-b"]["at token"]) \
         == ("diverged", 3, 15)
     assert at.selectbox(key="live_locate_pod").value == "pod-a"  # its tree, the prefix outlined
+    assert "`kvscope attach` answered at its step" in texts(at)  # live: POST /locate
     # the fidelity monitor: pod-b lost one batch in a hole; pod-a is complete
     at.session_state["live_attached_tabs"] = "Index fidelity"
     at.run()
@@ -122,6 +123,11 @@ def test_a_stored_attached_run_replays_with_the_slider_and_every_tab(env):
     assert not at.exception
     assert "Pod **pod-b** has a hole in its stream" in texts(at)
     walk_tabs(at, "replay")
+    # a stored run: the locator folds the recorded steps up to the shown one
+    by_pod = {r["pod"]: r for r in lookup(at, "replay", SYSTEM + " what is a page")}
+    assert (by_pod["pod-a"]["why"], by_pod["pod-a"]["hit if sent now"]) == ("whole prompt cached", 12)
+    assert (by_pod["pod-b"]["why"], by_pod["pod-b"]["at token"]) == ("diverged", 15)
+    assert "answered at its step" not in texts(at)
     assert at.slider(key="replay_slider").max == run["num_steps"] - 1
     at.switch_page("views/compare.py").run()  # attached runs are not offered to Compare
     assert not at.exception
