@@ -107,12 +107,15 @@ class PodLedger:
 
     def per_min(self, kind: str, now_ts: float | None = None) -> float:
         """Blocks ``kind`` ("stored", "removed", "evicted") in the ``CHURN_WINDOW_S`` before
-        ``now_ts`` (default: the pod's latest ts), per minute."""
+        ``now_ts`` (default, and never earlier than: the pod's latest ts), per minute.
+        Amortized O(1): what fell out of the window is dropped (the worker asks every step)."""
         now = self.last_ts if now_ts is None else now_ts
         if now is None:
             return 0.0
-        n = sum(1 for t in self.recent[kind] if t > now - CHURN_WINDOW_S)
-        return n * 60.0 / CHURN_WINDOW_S
+        q = self.recent[kind]
+        while q and q[0] <= now - CHURN_WINDOW_S:
+            q.popleft()
+        return len(q) * 60.0 / CHURN_WINDOW_S
 
     def churn(self) -> dict[str, Any]:
         return {"evicted_blocks": self.evicted,

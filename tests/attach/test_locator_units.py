@@ -134,3 +134,13 @@ def test_copies_leave_with_the_last_and_reuse_counts():
 def test_bad_token_ids_are_refused_by_name(bad, says):
     with pytest.raises(LocateError, match=says.replace("[", r"\[").replace("]", r"\]")):
         check_token_ids(bad)
+
+
+def test_churn_counts_the_last_minute_of_the_pod_clock():
+    events = [stored(i, [h(100 + i)], None, [i, i, i, i], ts=float(i * 10)) for i in range(10)]
+    events += [removed(10 + i, [h(100 + i)], ts=95.0 + i) for i in range(3)]
+    led = fold(*events)
+    c = led.pods["p"].churn()
+    # the pod's clock is at 97: stores at 40..90 (6) and 3 removals are in the last 60 s
+    assert (c["stored_per_min"], c["removed_per_min"], c["evicted_per_min"]) == (6.0, 3.0, 3.0)
+    assert (c["evicted_blocks"], c["evicted_before_reuse"], c["recomputed_after_removal"]) == (3, 3, 0)
