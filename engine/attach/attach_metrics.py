@@ -14,7 +14,9 @@ scrapes them). What is exported, labelled ``pod``:
   ``..._restarts_total``, ``..._duplicate_batches_total``, ``..._duplicate_stores_total``,
   ``..._placeholder_stores_total``, ``..._unknown_removals_total``, ``..._dialect_info`` with
   the latest batch's ``events``, ``hashes``, ``frames``, ``fields``), the age of the latest
-  batch (``kvscope_attach_last_batch_age_seconds``) and the prefix locator's answers
+  batch (``kvscope_attach_last_batch_age_seconds``), achieved against reachable hits
+  (``kvscope_attach_placed_blocks_total``, ``..._achieved_blocks_total``,
+  ``..._reachable_blocks_total``) and the prefix locator's answers
   (``kvscope_attach_locate_queries_total``);
 - the websocket and recorder figures every kvscope server has:
   ``kvscope_steps_total``, ``kvscope_ws_connections``, ``kvscope_ws_dropped_step_messages_total``,
@@ -131,6 +133,11 @@ _FLEET_COUNTERS = (  # (name, help, the row's key)
     ("kvscope_attach_placeholder_stores", "Hash-only stores (an offload tier's placeholders).",
      "placeholder_stores"),
     ("kvscope_attach_unknown_removals", "Removals of hashes never seen stored.", "unknown_removals"),
+    ("kvscope_attach_placed_blocks", "Prompt blocks of the requests seen starting or branching on the pod.",
+     "placed_blocks"),
+    ("kvscope_attach_achieved_blocks", "Of those, blocks the pod already held (its hit).", "achieved_blocks"),
+    ("kvscope_attach_reachable_blocks", "Of those, the most any pod held then (the best placement's hit).",
+     "reachable_blocks"),
 )
 
 

@@ -10,7 +10,9 @@
   (``engine.attach.wire``) and the wall time of the latest batch;
 - the fold (``HashCacheState``'s pod): cached blocks, removals of hashes never stored, clears;
 - the ledger (``engine.attach.ledger.PodLedger``): churn (blocks stored / removed / evicted per
-  minute, the share evicted before any certain reuse), duplicate and placeholder stores.
+  minute, the share evicted before any certain reuse), placement (achieved against reachable
+  hits of the requests seen starting or branching on the pod; ``fleet_placement`` sums them),
+  duplicate and placeholder stores.
 
 **Completeness** is the share of the pod's batches, as numbered by its publisher up to the
 latest one seen, that were applied: ``received / (received + lost_batches)`` (None before any).
@@ -63,12 +65,11 @@ def pod_row(counters: dict[str, Any], pod: Any | None, ledger: PodLedger | None)
                block_size=None if pod is None else pod.block_size,
                last_ts=None if pod is None else pod.last_ts)
     if ledger is not None:
-        row.update(ledger.churn(), duplicate_stores=ledger.duplicate_stores,
+        row.update(ledger.churn(), **ledger.placement(), duplicate_stores=ledger.duplicate_stores,
                    placeholder_stores=ledger.placeholder_stores)
     else:
-        row.update(evicted_blocks=0, evicted_before_reuse=0, evicted_before_reuse_share=None,
-                   evicted_per_min=0.0, stored_per_min=0.0, removed_per_min=0.0,
-                   recomputed_after_removal=0, duplicate_stores=0, placeholder_stores=0)
+        row.update(PodLedger("").churn(), **PodLedger("").placement(), duplicate_stores=0,
+                   placeholder_stores=0)
     return row
 
 
@@ -106,6 +107,19 @@ def overview(rows: dict[str, dict[str, Any]], now_wall: float) -> list[dict[str,
                     "evicted_before_reuse_share": r.get("evicted_before_reuse_share"),
                     "hit_rate": sc.get("prefix_cache_hit_rate"), "kv_usage": sc.get("kv_cache_usage"),
                     "completeness": r.get("completeness"), "gaps_unfilled": r.get("gaps_unfilled", 0),
+                    "achieved_hit_rate": r.get("achieved_hit_rate"),
+                    "reachable_hit_rate": r.get("reachable_hit_rate"), "placed_chains": r.get("placed_chains", 0),
                     "restarts": r.get("restarts", 0), "last_event_age_s": age,
                     "dialect": None if not d else dialect_key(d), "alerts": alerts})
     return out
+
+
+def fleet_placement(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Achieved against reachable over the whole fleet: the rows' block counts summed."""
+    n = sum(r.get("placed_blocks", 0) for r in rows.values())
+    got = sum(r.get("achieved_blocks", 0) for r in rows.values())
+    best = sum(r.get("reachable_blocks", 0) for r in rows.values())
+    return {"placed_chains": sum(r.get("placed_chains", 0) for r in rows.values()), "placed_blocks": n,
+            "achieved_blocks": got, "reachable_blocks": best,
+            "achieved_hit_rate": got / n if n else None, "reachable_hit_rate": best / n if n else None,
+            "lost_blocks": best - got}

@@ -16,6 +16,15 @@ steps, or a stored run's records) with a ``HashCacheState`` inside and keeps, pe
   the hash, no branch below it; hits that store nothing are invisible, so this share
   is an upper bound), and the engine-ts of each eviction in the last
   ``CHURN_WINDOW_S`` (blocks evicted per minute).
+- **placement** (reachable against achieved, issue 31's "is my router losing hits?"): for
+  each stored chain that is a new request's (it starts a prompt, or branches below a cached
+  block), the prompt blocks known (the cached ancestors and the stored ones), the blocks the
+  pod already held (achieved: its hit) and the most any pod held at that moment, by hash
+  (reachable: the best placement). A bound, from the events alone: a request that stored
+  nothing (all of it hit) and a chain extending a leaf (the same request's next chunk cannot
+  be told from a new request) are not seen; the hashes must be comparable across pods (one
+  hash scheme and seed, as vLLM's sha256 default and kvscope have). ``/metrics`` give the
+  engines' real hit rates beside it.
 - **event oddities** (the event side of the index fidelity monitor,
   ``engine.attach.fidelity``): placeholder stores (no tokens: an offload tier's hash),
   duplicate stores (a hash stored while cached: vLLM's recomputed copy), removals of
@@ -34,6 +43,7 @@ from typing import Any
 from engine.events.folds.hash_cache_state import HashCacheState
 from engine.events.schema.types import Event, KVAllCleared, KVBlockRemoved, KVBlockStored, KVSegment
 
+MAX_CHAIN_WALK = 4096  # ancestors walked to rebuild a stored chain's prefix (a 64k-token prompt of 16)
 MAX_REMOVALS = 50_000  # per pod: (medium, hash) keys with a few fields, ~10 MB at most
 CHURN_WINDOW_S = 60.0  # "evicted per minute" counts the evictions of the last minute (engine ts)
 EVICTED, CLEARED, RESTART = "evicted", "cleared", "restart"
@@ -54,7 +64,8 @@ class Removal:
 
 
 class PodLedger:
-    __slots__ = ("pod", "removals", "by_tokens", "mediums", "evicted", "evicted_unreused", "recent",
+    __slots__ = ("placed_chains", "placed_blocks", "achieved_blocks", "reachable_blocks",
+                 "pod", "removals", "by_tokens", "mediums", "evicted", "evicted_unreused", "recent",
                  "placeholder_stores", "duplicate_stores", "stored_again_after_removal", "last_ts")
 
     def __init__(self, pod: str) -> None:
@@ -68,6 +79,16 @@ class PodLedger:
         self.recent: dict[str, deque[float]] = {"stored": deque(), "removed": deque(), "evicted": deque()}
         self.placeholder_stores = self.duplicate_stores = self.stored_again_after_removal = 0
         self.last_ts: float | None = None
+        self.placed_chains = self.placed_blocks = self.achieved_blocks = self.reachable_blocks = 0
+
+    def placement(self) -> dict[str, Any]:
+        """The requests seen starting or branching here: prompt blocks, the blocks this pod
+        already held (achieved), the most any pod held (reachable), and the two as rates."""
+        n = self.placed_blocks
+        return {"placed_chains": self.placed_chains, "placed_blocks": n,
+                "achieved_blocks": self.achieved_blocks, "reachable_blocks": self.reachable_blocks,
+                "achieved_hit_rate": self.achieved_blocks / n if n else None,
+                "reachable_hit_rate": self.reachable_blocks / n if n else None}
 
     def removal(self, medium: str | None, block_hash: str) -> Removal | None:
         return self.removals.get((medium, block_hash))
@@ -168,6 +189,8 @@ class FleetLedger:
                 if led._forget(e.medium, h):
                     led.stored_again_after_removal += 1
             led._count("stored", e.ts, new)
+            if not e.is_placeholder and e.block_hashes:
+                self._placement(led, e)
         elif isinstance(e, KVBlockRemoved):
             led = self.pod(e.pod)
             led.last_ts = _later(led.last_ts, e.ts)
@@ -198,6 +221,40 @@ class FleetLedger:
             p = self.state.pods.get(e.pod)
             self._all_left(e.pod, p.last_ts if p is not None and p.last_ts is not None else 0.0,
                            step, RESTART)
+
+    def _placement(self, led: PodLedger, e: KVBlockStored) -> None:
+        """Achieved against reachable, for a stored chain that is a new request's: one that
+        starts a prompt (no parent) or branches below a cached block. A chain extending a
+        leaf may be the same request's next chunk or decode block, so it is left out."""
+        p = self.state.pods.get(e.pod)
+        parent = e.parent_hash
+        ancestors: list[str] = []
+        if parent is not None:
+            if p is None or (e.medium, parent) not in p.blocks:
+                return  # the prefix is not known here (joined late, a hole): no verdict
+            kids = p.children.get((e.medium, parent), ())
+            if not any(k != e.block_hashes[0] for k in kids):
+                return  # extends a leaf (or re-stores its only child)
+            key: tuple[str | None, str] | None = (e.medium, parent)
+            while key is not None and key in p.blocks and len(ancestors) < MAX_CHAIN_WALK:
+                ancestors.append(key[1])
+                up = p.blocks[key].parent
+                key = None if up is None else (e.medium, up)
+            if key is not None:
+                return  # the chain's root is not cached here: its full prefix is unknown
+            ancestors.reverse()
+        chain = ancestors + list(e.block_hashes)
+        reachable = 0
+        for q in self.state.pods.values():
+            n = 0
+            while n < len(chain) and (e.medium, chain[n]) in q.blocks:
+                n += 1
+            reachable = max(reachable, n)
+        achieved = len(ancestors)  # the prefix the pod already held: its hit
+        led.placed_chains += 1
+        led.placed_blocks += len(chain)
+        led.achieved_blocks += achieved
+        led.reachable_blocks += max(reachable, achieved)
 
     def _all_left(self, pod: str, ts: float, step: int, why: str) -> None:
         led = self.pod(pod)

@@ -169,6 +169,11 @@ def test_the_fleet_page_has_a_row_per_pod_live_and_stored(env):
     assert a["hit rate"] == "–"  # no --metrics in the demo
     assert a["dialect"] == "events map · hashes int · 3 frames · fields common"
     assert a["last event"].endswith(" s")
+    # achieved against reachable: pod-a's 4 requests (a start, 3 branches below the system
+    # prompt) held 9 of 15 blocks; pod-b's 2 held 3 of 7; no pod held more than the one used
+    assert (a["hit (events)"], a["reachable (events)"], b["hit (events)"]) == ("60.0%", "60.0%", "42.9%")
+    assert ("Of the 22 prompt blocks of the 6 requests seen starting or branching, the pods they "
+            "went to held 12 (54.5%)") in texts(at)
     assert any("**pod-b**: 1 batch(es) lost" in w.value for w in at.warning)
     env.stop()  # the stored run shows the same rows at its last step
     release_streamlit_resources()  # the dashboard's connection to the stopped attach

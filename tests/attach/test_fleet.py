@@ -251,6 +251,10 @@ def test_fidelity_counts_what_each_pod_did_on_the_wire(fleet):
         k = f[name]
         assert (k["completeness"], k["lost_batches"], k["restarts"], k["bad_messages"]) == (1.0, 0, 0, 0)
         assert k["dialect"]["events"] == "map" and k["dialect"]["hashes"] == "int"
+    # reachable against achieved: kv-1 recomputed the system prompt blocks kv-0 held
+    kv1 = f["kv-1"]
+    assert kv1["placed_chains"] >= 3 and kv1["reachable_blocks"] - kv1["achieved_blocks"] >= 3
+    assert all(f[p]["reachable_blocks"] >= f[p]["achieved_blocks"] for p in f)
     # the fleet page's rows: what to look at, per pod
     ov = {r["pod"]: r for r in overview({p: f[p] for p in f}, time.time())}
     assert list(ov) == [*KV, "syn-map", "syn-array", "syn-sglang"]

@@ -85,5 +85,7 @@ def test_every_panel_of_the_attach_dashboard_answers_from_a_real_prometheus(stac
     completeness = by_pod(q["Index completeness"])
     assert completeness["pod-a"] == 1.0 and completeness["pod-b"] == pytest.approx(2 / 3)
     assert by_pod("kvscope_attach_lost_batches_total") == {"pod-a": 0.0, "pod-b": 1.0}
+    reachable = by_pod(q["Hit rate: achieved against reachable (from the events)"])  # its last target
+    assert reachable["pod-a"] == 0.0  # each pod-a request started a prompt no pod held
     info = {r["metric"]["pod"]: r["metric"] for r in _query(api, q["Dialect per pod (latest batch)"])}
     assert (info["pod-a"]["events"], info["pod-b"]["events"], info["pod-b"]["frames"]) == ("map", "array", "3")

@@ -144,3 +144,20 @@ def test_churn_counts_the_last_minute_of_the_pod_clock():
     # the pod's clock is at 97: stores at 40..90 (6) and 3 removals are in the last 60 s
     assert (c["stored_per_min"], c["removed_per_min"], c["evicted_per_min"]) == (6.0, 3.0, 3.0)
     assert (c["evicted_blocks"], c["evicted_before_reuse"], c["recomputed_after_removal"]) == (3, 3, 0)
+
+
+def test_placement_counts_what_a_pod_hit_against_what_any_pod_held():
+    sys_ = [h(1), h(2), h(3)]
+    led = fold(stored(0, sys_, None, A[:12], pod="a"),  # a: the system prompt (a new request)
+               stored(1, [h(4)], h(3), [1, 1, 1, 1], pod="a"),  # the same request's next chunk: left out
+               stored(2, [h(5)], h(3), [2, 2, 2, 2], pod="a"),  # a second request branches: hit 3 of 4
+               stored(3, sys_ + [h(6)], None, A[:12] + [3, 3, 3, 3], pod="b"))  # b computed it all again
+    a, b = led.pods["a"].placement(), led.pods["b"].placement()
+    assert (a["placed_chains"], a["placed_blocks"], a["achieved_blocks"], a["reachable_blocks"]) == (2, 7, 3, 3)
+    assert (b["placed_chains"], b["placed_blocks"], b["achieved_blocks"], b["reachable_blocks"]) == (1, 4, 0, 3)
+    assert (a["achieved_hit_rate"], b["reachable_hit_rate"]) == (3 / 7, 3 / 4)
+    from engine.attach.fleet import fleet_placement, pod_row
+
+    total = fleet_placement({n: pod_row({}, led.state.pods[n], led.pods[n]) for n in ("a", "b")})
+    assert (total["placed_blocks"], total["achieved_blocks"], total["reachable_blocks"], total["lost_blocks"]) \
+        == (11, 3, 6, 3)
