@@ -227,7 +227,8 @@ class AttachWorker(threading.Thread):
             chosen = [pod]
         rows = {n: pod_row(self.wire_counters(n), self.state.pods.get(n), self.ledger.pods.get(n))
                 for n in chosen}
-        self.fleet = {**self.fleet, **rows}
+        merged = {**self.fleet, **rows}  # in the order the pods were given, then any other
+        self.fleet = {**{n: merged[n] for n in names if n in merged}, **merged}
         return rows
 
     def _pod_figures(self, pod: str | None = None) -> dict[str, Any]:

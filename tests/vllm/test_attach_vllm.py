@@ -126,7 +126,7 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
         row = attach.worker.fleet[POD]
         assert (row["completeness"], row["lost_batches"], row["restarts"]) == (1.0, 0, 0)
         assert (row["dialect"]["events"], row["dialect"]["hashes"]) == ("map", "int")
-        assert row["duplicate_stores"] >= 1 and row["evicted_blocks"] >= 1  # b2's second copy; the LRU walk
+        assert row["duplicate_stores"] >= 1 and row["removed_blocks"] >= 1  # b2's second copy; the LRU walk
         assert predicted.method == BY_HASH
         assert predicted.hit_tokens == served == 3 * BLOCK_SIZE and old_blocks * BLOCK_SIZE == 64
         stream.settle(1.0)
