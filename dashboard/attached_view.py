@@ -237,10 +237,16 @@ def _lookup_tab(frame: AttachedFrame) -> None:
                      "cached blocks": d["cached_blocks"], "cached tokens": d["cached_tokens"],
                      "hit if sent now": d["hit_tokens"], "prompt tokens": len(ids),
                      "chain breaks at block": brk["block"], "at token": brk["token"],
-                     "why": WHY.get(brk["reason"], brk["reason"]), "block size": d["block_size"]})
+                     "why": WHY.get(brk["reason"], brk["reason"]),
+                     "missed tokens by cause": ", ".join(f"{WHY.get(k, k.replace('_', ' '))} {v}"
+                                                         for k, v in (d.get("misses") or {}).items()) or "–",
+                     "block size": d["block_size"]})
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     st.caption("'hit if sent now' leaves out the last prompt token: the engine recomputes it for "
-               "its logits, so a prompt of whole cached blocks hits one block less.")
+               "its logits, so a prompt of whole cached blocks hits one block less. Every token that "
+               "would miss has one cause (they add up to the prompt's tokens less the hit): the last "
+               "token's block, the break's reason for every full block from the break on, a partial "
+               "last block.")
     best = max(answers, key=lambda d: d["cached_blocks"], default=None)
     if best is not None and best["cached_blocks"] and frame.token_text:
         cached = ids[:best["cached_tokens"]]

@@ -21,6 +21,11 @@ there, with why (``ChainBreak.reason``):
   prompt is shorter than one block (vLLM #54607: a 0% hit rate that was right), or
   nothing is left (the engine still recomputes the last token).
 
+``misses`` gives every prompt token that would miss one cause (the miss explainer, per prompt):
+``last_token``, the break's reason for the full blocks from the break on, ``partial_block`` or
+``below_block`` for the tokens that fill no block; they add up to the prompt's tokens less
+``hit_tokens``.
+
 ``cached_tokens`` is the cached prefix (``cached_blocks`` x block size); ``hit_tokens`` is
 what the engine would take from it if the prompt came now: never the last prompt
 token (vLLM's ``cached_tokens`` in a response's usage, kvscope's ``num_cached_tokens``).
@@ -95,10 +100,30 @@ class TierMatch:
         return PodPrefixMatch("", self.method, self.block_size, self.num_prompt_tokens,
                               self.cached_blocks, self.hashes).hit_tokens
 
+    def misses(self) -> dict[str, int]:
+        """Each prompt token that would miss here, by one cause; they add up to
+        ``num_prompt_tokens - hit_tokens``: ``last_token`` (cached, but the block holding the
+        last token is recomputed for its logits), the break's reason for every full block from
+        the break on (a chain is only reused up to its first missing block), and
+        ``partial_block`` / ``below_block`` for the tokens that fill no block."""
+        bs = self.block_size or 0
+        n = self.num_prompt_tokens
+        full = n // bs * bs if bs else 0
+        out: dict[str, int] = {}
+
+        def add(cause: str, k: int) -> None:
+            if k > 0:
+                out[cause] = out.get(cause, 0) + k
+
+        add("last_token", self.cached_tokens - self.hit_tokens)
+        add(self.chain_break.reason, full - self.cached_tokens)
+        add(BELOW_BLOCK if bs and n < bs else PARTIAL_BLOCK, n - full)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"tier": self.medium, "method": self.method, "cached_blocks": self.cached_blocks,
                 "cached_tokens": self.cached_tokens, "hit_tokens": self.hit_tokens,
-                "hashes": list(self.hashes), "break": self.chain_break.to_dict()}
+                "hashes": list(self.hashes), "break": self.chain_break.to_dict(), "misses": self.misses()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +148,12 @@ class PodLocation:
         if b is None:
             out.update(tier=None, method=None, cached_blocks=0, cached_tokens=0, hit_tokens=0,
                        **{"break": {"reason": NO_BLOCKS, "block": 0, "token": 0, "detail":
-                                    "the pod has announced no cached block yet"}})
+                                    "the pod has announced no cached block yet"}},
+                       misses={NO_BLOCKS: self.num_prompt_tokens})
         else:
             out.update(tier=b.medium, method=b.method, cached_blocks=b.cached_blocks,
                        cached_tokens=b.cached_tokens, hit_tokens=b.hit_tokens,
-                       **{"break": b.chain_break.to_dict()})
+                       **{"break": b.chain_break.to_dict()}, misses=b.misses())
         out["tiers"] = [t.to_dict() for t in self.tiers]
         return out
 

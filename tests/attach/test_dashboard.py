@@ -78,6 +78,8 @@ def test_live_attach_renders_in_the_live_page_with_every_tab(env):
     assert (by_pod["pod-a"]["why"], by_pod["pod-a"]["tier"]) == ("whole prompt cached", "GPU")
     assert (by_pod["pod-b"]["why"], by_pod["pod-b"]["chain breaks at block"], by_pod["pod-b"]["at token"]) \
         == ("diverged", 3, 15)
+    assert (by_pod["pod-a"]["missed tokens by cause"], by_pod["pod-b"]["missed tokens by cause"]) \
+        == ("last token 4", "diverged 4")
     assert at.selectbox(key="live_locate_pod").value == "pod-a"  # its tree, the prefix outlined
     assert "`kvscope attach` answered at its step" in texts(at)  # live: POST /locate
     # the fidelity monitor: pod-b lost one batch in a hole; pod-a is complete

@@ -44,6 +44,8 @@ def http(url: str, body: bytes | None = None, method: str = "POST") -> tuple[int
 def locate(srv, **body) -> dict[str, dict]:
     status, out = http(srv.url.replace("ws://", "http://") + "/locate", json.dumps(body).encode())
     assert status == 200, out
+    for p in out["pods"]:  # the miss explainer: every prompt token that misses has one cause
+        assert p["hit_tokens"] + sum(p["misses"].values()) == out["prompt_tokens"], p
     return {p["pod"]: p for p in out["pods"]}
 
 
@@ -151,6 +153,7 @@ def test_locate_answers_what_each_pod_then_serves(fleet):
     assert (a["break"]["reason"], a["break"]["block"], a["break"]["token"]) == ("diverged", 3, 15)
     b = got["kv-1"]
     assert (b["cached_blocks"], b["break"]["reason"], b["break"]["token"]) == (0, "diverged", 0)
+    assert a["misses"] == {"diverged": 4, "partial_block": 3}  # block 3 differs at token 15; 3 left over
     assert run(kv0, probe) == a["hit_tokens"] == 12
     assert run(kv1, probe) == b["hit_tokens"] == 0
     caught_up(srv, kv0, "kv-0")

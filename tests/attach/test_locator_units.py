@@ -161,3 +161,19 @@ def test_placement_counts_what_a_pod_hit_against_what_any_pod_held():
     total = fleet_placement({n: pod_row({}, led.state.pods[n], led.pods[n]) for n in ("a", "b")})
     assert (total["placed_blocks"], total["achieved_blocks"], total["reachable_blocks"], total["lost_blocks"]) \
         == (11, 3, 6, 3)
+
+
+def test_every_missed_token_gets_one_cause_and_they_add_up():
+    led = fold(stored(0, [h(1), h(2), h(3)], None, A[:12]), removed(1, [h(3)], ts=5.0))
+    cases = {  # prompt -> (hit, misses by cause)
+        tuple(A[:14]): (8, {EVICTED: 4, PARTIAL_BLOCK: 2}),  # blocks 0, 1 hit; block 2 evicted; 2 left over
+        tuple(A[:8]): (4, {"last_token": 4}),  # whole blocks: the last one is recomputed
+        tuple(A[:3]): (0, {BELOW_BLOCK: 3}),  # shorter than a block
+        tuple(A[:4] + [0] * 9): (4, {DIVERGED: 8, PARTIAL_BLOCK: 1}),
+    }
+    for prompt, (hit, misses) in cases.items():
+        d = one(led, list(prompt)).to_dict()
+        assert (d["hit_tokens"], d["misses"]) == (hit, misses), prompt
+        assert d["hit_tokens"] + sum(d["misses"].values()) == len(prompt)
+        for t in d["tiers"]:
+            assert t["hit_tokens"] + sum(t["misses"].values()) == len(prompt)
