@@ -9,7 +9,11 @@ charts read, built from the run's step records:
   metrics each step carries) and the scraped figures;
 - ``rates``: stored and removed blocks per second, per pod;
 - ``residency``: block lifetimes, idle-before-evict and reuse gaps, by folding the
-  records once more with a ``ResidencyLog`` (``engine.events.metrics.residency``).
+  records once more with a ``ResidencyLog`` (``engine.events.metrics.residency``);
+- ``fleet_rows``: each pod's latest fleet row (fidelity, churn) as the attach worker put
+  it in the steps (``engine.attach.fleet``), with its latest scraped figures;
+- ``ledger``: the records folded by ``engine.attach.ledger.FleetLedger``: what left each
+  pod's cache and when, which the prefix locator needs to say "evicted at t".
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from engine.attach.ledger import FleetLedger
 from engine.events.folds.hash_cache_snapshot import HashCacheSnapshot
 from engine.events.folds.hash_cache_state import HashCacheState
 from engine.events.metrics.residency import ResidencyLog
@@ -113,3 +118,28 @@ def residency(records: Sequence[StepRecord]) -> ResidencyLog:
     for r in records:
         state.apply_step(r)
     return log
+
+
+def ledger(records: Sequence[StepRecord]) -> FleetLedger:
+    """The run so far folded by the attach worker's own ledger (removals, churn)."""
+    led = FleetLedger()
+    for r in records:
+        led.apply_step(r)
+    return led
+
+
+def fleet_rows(frame: AttachedFrame) -> dict[str, dict[str, Any]]:
+    """Per pod (``frame.pods()`` order, then any pod only the rows name), the latest fleet row
+    at the shown step, with ``scraped`` (its latest /metrics figures) added."""
+    rows: dict[str, dict[str, Any]] = {}
+    scraped: dict[str, dict[str, Any]] = {}
+    for r in reversed(frame.shown_records):
+        for pod, row in (r.metrics.get("fleet") or {}).items():
+            rows.setdefault(pod, row)
+        for pod, fig in (r.metrics.get("scraped") or {}).items():
+            scraped.setdefault(pod, fig)
+        if len(rows) >= len(frame.config.get("pods") or ()) and rows:
+            break
+    given = [p.get("pod") for p in frame.config.get("pods") or []]
+    order = [p for p in given if p in rows] + [p for p in rows if p not in given]
+    return {p: {**rows[p], "scraped": scraped.get(p) or {}} for p in order}

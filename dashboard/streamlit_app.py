@@ -30,6 +30,7 @@ PAGES = [
     st.Page("views/submit.py", title="Submit", icon=":material/send:"),
     st.Page("views/replay.py", title="Replay", icon=":material/replay:"),
     st.Page("views/attached.py", title="Attached", icon=":material/hub:"),
+    st.Page("views/fleet.py", title="Fleet", icon=":material/lan:"),
     st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page("views/simulate.py", title="Simulate", icon=":material/science:"),
     st.Page("views/lessons.py", title="Lessons", icon=":material/school:"),

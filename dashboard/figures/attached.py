@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -50,8 +50,10 @@ def tree_nodes(tree: PrefixTree, limit: int = MAX_TREE_NODES) -> list[str]:
 
 
 def prefix_tree_figure(tree: PrefixTree, token_text: Callable[[list[int]], str] | None,
-                       now_ts: float | None, height: int = 520) -> go.Figure:
+                       now_ts: float | None, height: int = 520, path: Sequence[str] = ()) -> go.Figure:
+    """The pod's cached blocks as an icicle; ``path`` (a located prompt's cached prefix) outlined."""
     title = f"Prefix tree of pod {tree.pod.pod}: cached blocks by parent hash"
+    on_path = set(path)
     if not tree.blocks:
         return empty_figure(title, "Nothing cached on this pod (yet).", height=260)
     nodes = tree_nodes(tree)
@@ -74,13 +76,16 @@ def prefix_tree_figure(tree: PrefixTree, token_text: Callable[[list[int]], str] 
                       f"{' (not cached: evicted or before the attach)' if orphan else ''}<br>"
                       f"{b.num_tokens} tokens: {text}<br>"
                       f"age {'?' if age is None else f'{age:.1f} s'} · reused {b.reuses}x · "
-                      f"{tree.size.get(h, 1) - 1} blocks below · {b.medium or 'medium ?'}")
+                      f"{tree.size.get(h, 1) - 1} blocks below · {b.medium or 'medium ?'}"
+                      + ("<br><b>on the located prompt's cached prefix</b>" if h in on_path else ""))
     colors[0] = sum(colors[1:]) / max(1, len(colors) - 1)  # the pod box: no age of its own
     fig = go.Figure(go.Icicle(
         ids=ids, parents=parents, labels=labels, values=values, branchvalues="total",
         hovertext=hovers, hoverinfo="text", tiling=dict(orientation="v"), maxdepth=12,
         marker=dict(colors=colors, colorscale="Tealgrn_r", showscale=True,
-                    colorbar=dict(title="age (s)", thickness=12)),
+                    colorbar=dict(title="age (s)", thickness=12),
+                    line=dict(color=[palette.CHANGED if i in on_path else "#FFFFFF" for i in ids],
+                              width=[4 if i in on_path else 1 for i in ids])),
         textinfo="label"))
     base_layout(fig, title=title, height=height, top=40)
     fig.update_layout(showlegend=False, margin=dict(l=8, r=8, t=40, b=8))

@@ -16,6 +16,11 @@ the dashboard and ``kvscope replay`` work on it as on a kvscope engine.
 - ``server``: the front door (``engine.server.port.front_door``) around the worker.
 - ``attach_metrics``: its ``/metrics``: what arrived per pod, holes, cached blocks.
 - ``prefix_match``: the longest cached prefix of a prompt on a pod, by hash or tokens.
+- ``ledger``: the fold plus what it forgets: removals (when, why), churn, event oddities.
+- ``locator``: a prompt → per pod and tier the cached prefix and why its chain breaks.
+- ``routes``: the attach server's ``POST /locate`` and ``GET /wire``.
+- ``wire``: a batch's dialect (encoding, hash kind, frames, field set); the wire doctor's rows.
+- ``fleet``: one pod's row (fidelity, churn) from its subscription, fold and ledger.
 - ``tokenizer_file``: ``--tokenizer`` PATH or model dir → its ``tokenizer.json``.
 - ``commands``: the ``kvscope attach`` command.
 

@@ -7,6 +7,17 @@ scrapes them). What is exported, labelled ``pod``:
 - ``kvscope_attach_batches_total``, ``kvscope_attach_replayed_batches_total``,
   ``kvscope_attach_bad_messages_total`` (counters kept by each subscription);
 - ``kvscope_attach_cached_blocks``, ``kvscope_attach_holes`` (gauges from the fold);
+- from each pod's fleet row (``engine.attach.fleet``), so the fleet view lands in Grafana too:
+  churn (``kvscope_attach_evicted_blocks_total``, ``..._evicted_before_reuse_blocks_total``,
+  ``..._evicted_blocks_per_minute``), index fidelity (``kvscope_attach_completeness_ratio``,
+  ``..._lost_batches_total``, ``..._gaps_total``, ``..._gaps_filled_total``,
+  ``..._restarts_total``, ``..._duplicate_batches_total``, ``..._duplicate_stores_total``,
+  ``..._placeholder_stores_total``, ``..._unknown_removals_total``, ``..._dialect_info`` with
+  the latest batch's ``events``, ``hashes``, ``frames``, ``fields``), the age of the latest
+  batch (``kvscope_attach_last_batch_age_seconds``), achieved against reachable hits
+  (``kvscope_attach_placed_blocks_total``, ``..._achieved_blocks_total``,
+  ``..._reachable_blocks_total``) and the prefix locator's answers
+  (``kvscope_attach_locate_queries_total``);
 - the websocket and recorder figures every kvscope server has:
   ``kvscope_steps_total``, ``kvscope_ws_connections``, ``kvscope_ws_dropped_step_messages_total``,
   ``kvscope_ws_errors_total{code}``, ``kvscope_recorder_up``, ``kvscope_recorder_backlog_steps``.
@@ -63,8 +74,12 @@ class AttachMetrics:
         backlog.set_function(lambda: health().backlog_steps)
 
     def watch_attach(self, subscriptions: Callable[[], list[Any]],
-                     counts: Callable[[], dict[str, dict[str, int]]]) -> None:
+                     counts: Callable[[], dict[str, dict[str, int]]],
+                     fleet: Callable[[], tuple[dict[str, dict[str, Any]], dict[str, int]]] = lambda: ({}, {}),
+                     ) -> None:
+        """``fleet()``: (each pod's fleet row, each pod's locator answers)."""
         self.registry.register(_AttachCollector(subscriptions, counts))
+        self.registry.register(_FleetCollector(fleet))
 
     def start_run(self, config: dict[str, Any]) -> None:
         pass  # one run per attach process: nothing restarts
@@ -99,3 +114,71 @@ class _AttachCollector:
             for pod, c in counts.items():
                 fam.add_metric([pod], c.get(key, 0))
             yield fam
+
+
+_FLEET_COUNTERS = (  # (name, help, the row's key)
+    ("kvscope_attach_evicted_blocks", "Blocks evicted: the last copy of a hash removed (clears and "
+     "restarts apart).", "evicted_blocks"),
+    ("kvscope_attach_evicted_before_reuse_blocks", "Evicted blocks no second store or branch ever "
+     "reused (an upper bound: hits that store nothing are invisible).", "evicted_before_reuse"),
+    ("kvscope_attach_lost_batches", "Batches lost in holes (never arrived, not in replay, or undecodable).",
+     "lost_batches"),
+    ("kvscope_attach_gaps", "Sequence gaps seen in the live stream.", "gaps"),
+    ("kvscope_attach_gaps_filled", "Sequence gaps filled whole through replay.", "gaps_filled"),
+    ("kvscope_attach_restarts", "Publisher restarts (seq back to 0).", "restarts"),
+    ("kvscope_attach_duplicate_batches", "Batches received twice (a replay overlapping the live stream).",
+     "duplicate_batches"),
+    ("kvscope_attach_duplicate_stores", "Stores of a hash already cached (recomputed copies).",
+     "duplicate_stores"),
+    ("kvscope_attach_placeholder_stores", "Hash-only stores (an offload tier's placeholders).",
+     "placeholder_stores"),
+    ("kvscope_attach_unknown_removals", "Removals of hashes never seen stored.", "unknown_removals"),
+    ("kvscope_attach_placed_blocks", "Prompt blocks of the requests seen starting or branching on the pod.",
+     "placed_blocks"),
+    ("kvscope_attach_achieved_blocks", "Of those, blocks the pod already held (its hit).", "achieved_blocks"),
+    ("kvscope_attach_reachable_blocks", "Of those, the most any pod held then (the best placement's hit).",
+     "reachable_blocks"),
+)
+
+
+class _FleetCollector:
+    def __init__(self, fleet: Callable[[], tuple[dict[str, dict[str, Any]], dict[str, int]]]) -> None:
+        self.fleet = fleet
+
+    def collect(self):
+        import time
+
+        rows, queries = self.fleet()
+        for name, doc, key in _FLEET_COUNTERS:
+            fam = CounterMetricFamily(name, doc, labels=["pod"])
+            for pod, r in rows.items():
+                fam.add_metric([pod], r.get(key) or 0)
+            yield fam
+        per_min = GaugeMetricFamily("kvscope_attach_evicted_blocks_per_minute",
+                                    "Blocks evicted in the last 60 s of the pod's clock, per minute.",
+                                    labels=["pod"])
+        complete = GaugeMetricFamily("kvscope_attach_completeness_ratio",
+                                     "Batches applied / (applied + lost), 0..1 (absent before any).",
+                                     labels=["pod"])
+        age = GaugeMetricFamily("kvscope_attach_last_batch_age_seconds",
+                                "Seconds since the pod's latest batch arrived (absent before any).",
+                                labels=["pod"])
+        info = GaugeMetricFamily("kvscope_attach_dialect_info", "The dialect of the pod's latest batch.",
+                                 labels=["pod", "events", "hashes", "frames", "fields"])
+        now = time.time()
+        for pod, r in rows.items():
+            per_min.add_metric([pod], r.get("evicted_per_min") or 0.0)
+            if r.get("completeness") is not None:
+                complete.add_metric([pod], r["completeness"])
+            if r.get("last_batch_wall") is not None:
+                age.add_metric([pod], max(0.0, now - r["last_batch_wall"]))
+            d = r.get("dialect") or {}
+            if d and "error" not in d:
+                info.add_metric([pod, str(d.get("events")), str(d.get("hashes")), str(d.get("frames")),
+                                 str(d.get("fields"))], 1)
+        yield from (per_min, complete, age, info)
+        fam = CounterMetricFamily("kvscope_attach_locate_queries", "Prefix locator answers given, per pod.",
+                                  labels=["pod"])
+        for pod, n in queries.items():
+            fam.add_metric([pod], n)
+        yield fam

@@ -57,6 +57,9 @@ def add_attach_subcommands(sub: Any) -> None:
     g.add_argument("--metrics", action=_PodOption, metavar="URL",
                    help="the pod's Prometheus endpoint, scraped every second, e.g. http://HOST:8000/metrics")
     g.add_argument("--pod", action=_PodOption, metavar="NAME", help="the pod's name (default HOST:PORT)")
+    g.add_argument("--data-parallel-size", action=_PodOption, dest="dp_size", metavar="N", type=int,
+                   help="the pod runs N data-parallel ranks, rank r publishing (and replaying) on "
+                        "PORT + r: follow each as pod NAME-dp{r} (its --metrics stays with rank 0)")
     p.add_argument("--tokenizer", metavar="PATH", default=None,
                    help="tokenizer.json or a local model directory: block text and the prompt box")
     p.add_argument("--label", default=None, help="label of the recorded run")
@@ -74,14 +77,14 @@ def add_attach_subcommands(sub: Any) -> None:
 
 def options_from_args(args: argparse.Namespace) -> Any:
     """AttachOptions from parsed arguments; ConfigError / BindRefused when refused."""
-    from engine.attach.pod_source import PodSource, default_pod_name
+    from engine.attach.pod_source import PodSource, data_parallel_pods, default_pod_name
     from engine.attach.server import AttachOptions
     from engine.attach.tokenizer_file import resolve_tokenizer_file
     from engine.protocol.handshake import TOKEN_ENV
 
-    pods = tuple(PodSource(d.get("pod") or default_pod_name(d["endpoint"]), d["endpoint"],
-                           d.get("replay"), d.get("topic") or "", d.get("metrics"))
-                 for d in args.pods)
+    pods = tuple(p for d in args.pods for p in data_parallel_pods(
+        PodSource(d.get("pod") or default_pod_name(d["endpoint"]), d["endpoint"], d.get("replay"),
+                  d.get("topic") or "", d.get("metrics")), d.get("dp_size", 1)))
     tokenizer = resolve_tokenizer_file(args.tokenizer) if args.tokenizer else None
     return AttachOptions(pods, host=args.host, port=args.port, db=args.db, record=args.record,
                          label=args.label, allow_remote=args.allow_remote,

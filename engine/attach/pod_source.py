@@ -6,7 +6,8 @@ pods connect out to attach, as to llm-d's router (``subscriber_binds``). A wildc
 loopback only (``tcp://127.0.0.1:PORT``) unless ``--allow-remote``, as ``kvscope serve``
 keeps its KV event sockets to this machine (``bind_endpoint``). ``replay`` is its replay ROUTER (``replay_endpoint``
 in the pod's ``--kv-events-config``), ``topic`` the prefix to subscribe to,
-``metrics`` its Prometheus URL. ``pod`` names it in the run.
+``metrics`` its Prometheus URL. ``pod`` names it in the run. A data-parallel deployment is one
+pod per rank (``data_parallel_pods``: rank r publishes on port + r, vLLM's and SGLang's rule).
 """
 
 from __future__ import annotations
@@ -78,3 +79,33 @@ def default_pod_name(endpoint: str) -> str:
         if endpoint.startswith(scheme):
             return endpoint[len(scheme):]
     return endpoint
+
+
+def dp_rank_endpoint(endpoint: str, rank: int) -> str:
+    """Where data-parallel rank ``rank`` of a pod publishes: vLLM's rule (its
+    ``offset_endpoint_port``): a tcp port + rank, an inproc name + ``_dp{rank}``. SGLang's
+    attention-DP ranks follow the same port rule. An ipc path has no rank rule: ConfigError."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith("inproc://"):
+        return f"{endpoint}_dp{rank}"
+    host, sep, port = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not sep or not port.isdigit():
+        raise ConfigError(f"--data-parallel-size needs tcp://HOST:PORT endpoints (rank r publishes "
+                          f"on PORT + r), got {endpoint!r}")
+    if int(port) + rank > 65535:
+        raise ConfigError(f"rank {rank} of {endpoint} would publish past port 65535")
+    return f"{host}:{int(port) + rank}"
+
+
+def data_parallel_pods(source: PodSource, size: int) -> list[PodSource]:
+    """One pod per data-parallel rank: ``NAME-dp{r}`` on the endpoints of rank r. The pod's
+    ``/metrics`` (vLLM serves every rank's on one API server) stays with rank 0."""
+    if not isinstance(size, int) or size < 1:
+        raise ConfigError(f"--data-parallel-size must be >= 1, got {size!r}")
+    if size == 1:
+        return [source]
+    return [PodSource(f"{source.pod}-dp{r}", dp_rank_endpoint(source.endpoint, r),
+                      None if source.replay is None else dp_rank_endpoint(source.replay, r),
+                      source.topic, source.metrics if r == 0 else None)
+            for r in range(size)]

@@ -20,9 +20,11 @@ import queue
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.routing import BaseRoute
 
 from engine.attach.attach_metrics import AttachMetrics
 from engine.attach.pod_source import PodSource
+from engine.attach.routes import AttachRoutes
 from engine.attach.scraper import Scraper
 from engine.attach.stream_items import StreamItem
 from engine.attach.subscription import PodSubscription
@@ -94,7 +96,9 @@ class AttachServer(FrontDoor):
         self.scrapers: dict[str, Scraper] = {}
         self.worker: AttachWorker | None = None
         self.metrics.watch_attach(lambda: self.subscriptions,
-                                  lambda: {} if self.worker is None else self.worker.counts)
+                                  lambda: {} if self.worker is None else self.worker.counts,
+                                  lambda: ({}, {}) if self.worker is None else
+                                  (self.worker.fleet, dict(self.worker.locate_queries)))
 
     @property
     def run_id(self) -> str | None:
@@ -107,6 +111,14 @@ class AttachServer(FrontDoor):
     def _abandon(self) -> None:
         for sub in self.subscriptions:
             sub.sub.close(0)
+
+    def _wire_counters(self, pod: str) -> dict[str, Any]:
+        sub = next((s for s in self.subscriptions if s.source.pod == pod), None)
+        return {} if sub is None else sub.counters()
+
+    def _routes(self) -> list[BaseRoute]:
+        return AttachRoutes(self.gate, lambda: self.worker, self.options.tokenizer_file,
+                            lambda: self.subscriptions).routes()
 
     def _extra_health(self) -> dict[str, Any]:
         return {"kind": "attached", "pods": [p.pod for p in self.options.pods]}
@@ -121,7 +133,8 @@ class AttachServer(FrontDoor):
         self.worker = AttachWorker(opts.pods, self.items, post, self.mailbox, self.board,
                                    opts.run_config(), self.recorder, opts.label, self.scrapers,
                                    {"max_frame_bytes": opts.max_frame_bytes,
-                                    "step_buffer": opts.step_buffer, "read_only": True})
+                                    "step_buffer": opts.step_buffer, "read_only": True},
+                                   wire_counters=self._wire_counters)
         self.worker.start()
         for t in (*self.scrapers.values(), *self.subscriptions):
             t.start()

@@ -12,7 +12,7 @@ Each becomes one step of the attached run (``engine.attach.worker``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 from engine.kv_events.types import KVEventBatch
 
@@ -24,6 +24,8 @@ class Received:
     seq: int
     batch: KVEventBatch
     replayed: bool = False
+    fill: str = "live"  # live | history (replayed at the attach) | gap (replayed to fill one) | tail
+    wire: dict[str, Any] | None = None  # its dialect (engine.attach.wire.dialect)
 
 
 @dataclass(frozen=True, slots=True)

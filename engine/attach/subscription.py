@@ -17,8 +17,15 @@ endpoint is a wildcard: ``pod_source.subscriber_binds``, on loopback unless ``al
 - a batch that cannot be decoded is a one-batch ``Hole`` with the reason; a message
   that is not the protocol at all (no seq) is counted and logged.
 
+Each batch handed over says how it came (``Received.fill``: ``live``, or replayed as
+``history`` at the attach, to fill a ``gap`` or a restart's start, or at the ``tail`` after a
+quiet spell) and its dialect (``engine.attach.wire``). The thread counts what the fidelity
+monitor shows (``counters()``: gaps seen and filled, holes and batches lost, restarts,
+duplicates, bad messages, replay failures, dialects) and keeps the last ``WIRE_KEEP`` raw
+batches for the wire doctor (``last_frames()``).
+
 ``stop()`` ends the thread after it has handed over everything the socket already
-received. Writer: this thread (sockets, tracker, counters).
+received. Writer: this thread (sockets, tracker, counters, the raw batches).
 """
 
 from __future__ import annotations
@@ -27,12 +34,15 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter, deque
+from typing import Any
 
 import zmq
 
 from engine.attach.pod_source import PodSource, bind_endpoint, subscriber_binds
 from engine.attach.seq_tracker import SeqTracker, Verdict
 from engine.attach.stream_items import Hole, NewSegment, Received, StreamItem
+from engine.attach.wire import dialect, dialect_key
 from engine.kv_events.decoder import Frame, KVEventsDecodeError, decode_batch, parse_live
 from engine.kv_events.replay import fetch_replay
 
@@ -41,6 +51,7 @@ log = logging.getLogger("kvscope.attach")
 POLL_MS = 100  # how often the thread looks at its stop flag
 QUIET_S = 2.0  # no batch for this long: ask replay for anything after the last one
 REPLAY_TIMEOUT_S = 3.0
+WIRE_KEEP = 16  # raw batches kept per pod for the wire doctor
 RCVHWM = 1_000_000  # batches ZMQ may queue for us before it drops (we then replay the gap)
 
 
@@ -61,6 +72,12 @@ class PodSubscription(threading.Thread):
         self.duplicates = 0
         self.bad_messages = 0
         self.replay_failures = 0
+        self.gaps = self.gaps_filled = self.holes = self.lost_batches = self.restarts = 0
+        self.fills: Counter[str] = Counter()  # batches applied, by how they came
+        self.dialects: Counter[str] = Counter()  # batches by dialect_key
+        self.dialect: dict[str, Any] = {}  # the latest batch's
+        self.last_batch_wall: float | None = None  # time.time() of the latest batch received
+        self._raw: deque[dict[str, Any]] = deque(maxlen=WIRE_KEEP)
         self._last_batch = time.monotonic()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.RCVHWM, RCVHWM)
@@ -84,19 +101,32 @@ class PodSubscription(threading.Thread):
     def stop(self) -> None:
         self._stopping.set()
 
+    def counters(self) -> dict[str, Any]:
+        """What this subscription saw, for the fidelity monitor (any thread; a copy)."""
+        return {"received": self.received, "replayed": self.replayed, "fills": dict(self.fills),
+                "gaps": self.gaps, "gaps_filled": self.gaps_filled, "holes": self.holes,
+                "lost_batches": self.lost_batches, "restarts": self.restarts,
+                "duplicate_batches": self.duplicates, "bad_messages": self.bad_messages,
+                "replay_failures": self.replay_failures, "dialects": dict(self.dialects),
+                "dialect": dict(self.dialect), "last_batch_wall": self.last_batch_wall}
+
+    def last_frames(self) -> list[dict[str, Any]]:
+        """The last ``WIRE_KEEP`` batches as received: seq, topic, frames, fill, wall time, payload."""
+        return list(self._raw)
+
     # ---- the thread ------------------------------------------------------------------
 
     def run(self) -> None:
         try:
             if self.source.replay is not None:
-                self._ask_replay(0)  # what the pod published before we came
+                self._ask_replay(0, "history")  # what the pod published before we came
             self.caught_up.set()
             while not self._stopping.is_set():
                 if self.sub.poll(POLL_MS):
                     self._drain()
                 elif (self.source.replay is not None and self.tracker.next_seq is not None
                       and time.monotonic() - self._last_batch > QUIET_S):
-                    self._ask_replay(self.tracker.next_seq)
+                    self._ask_replay(self.tracker.next_seq, "tail")
                     self._last_batch = time.monotonic()
             self._drain()  # what the socket already holds is handed over, not dropped
         except BaseException as exc:  # reported by the worker; never a silent death
@@ -121,13 +151,17 @@ class PodSubscription(threading.Thread):
                                 "batch (%s); %d so far", self.source.pod, exc, self.bad_messages)
                 continue
             self._last_batch = time.monotonic()
-            self._on_frame(frame, replayed=False)
+            self._on_frame(frame, replayed=False, fill="live")
 
-    def _on_frame(self, frame: Frame, replayed: bool) -> None:
+    def _on_frame(self, frame: Frame, replayed: bool, fill: str) -> None:
         d = self.tracker.classify(frame.seq, frame.payload)
         if d.verdict is Verdict.DUPLICATE:
             self.duplicates += 1
             return
+        if d.verdict is Verdict.GAP:
+            self.gaps += 1
+        if d.verdict is Verdict.RESTART:
+            self.restarts += 1
         if d.verdict in (Verdict.FIRST, Verdict.RESTART):
             segment = self.tracker.start_segment()
             reason = "attach" if d.verdict is Verdict.FIRST else "restart"
@@ -136,20 +170,33 @@ class PodSubscription(threading.Thread):
                 log.warning("kvscope attach: pod %s restarted (seq went back to %d): segment %d",
                             self.source.pod, frame.seq, segment)
         if d.missing:
+            holes = self.holes
             self._fill(d.missing, before=frame, first=d.verdict is Verdict.FIRST)
-        self._apply(frame, replayed)
+            self.gaps_filled += d.verdict is Verdict.GAP and self.holes == holes
+        self._apply(frame, replayed, fill)
 
-    def _apply(self, frame: Frame, replayed: bool) -> None:
+    def _apply(self, frame: Frame, replayed: bool, fill: str) -> None:
         self.tracker.accept(frame.seq, frame.payload)
         seg = self.tracker.segment
+        frames = 3 if frame.topic is not None else 2
+        wire = dialect(frame.payload, frames)
+        self.dialect = wire
+        self.dialects[dialect_key(wire)] += 1
+        self.last_batch_wall = time.time()
+        self._raw.append({"seq": frame.seq, "segment": seg, "topic": frame.topic, "frames": frames,
+                          "fill": fill, "wall": self.last_batch_wall, "payload": frame.payload})
         try:
             batch = decode_batch(frame.payload)
         except KVEventsDecodeError as exc:
+            self.holes += 1
+            self.lost_batches += 1
+            self.fills["undecodable"] += 1
             self._put(Hole(self.source.pod, seg, frame.seq, frame.seq, f"undecodable: {exc}"))
             return
         self.received += 1
         self.replayed += replayed
-        self._put(Received(self.source.pod, seg, frame.seq, batch, replayed))
+        self.fills[fill] += 1
+        self._put(Received(self.source.pod, seg, frame.seq, batch, replayed, fill, wire))
 
     # ---- replay -------------------------------------------------------------------------
 
@@ -176,19 +223,21 @@ class PodSubscription(threading.Thread):
             if run_start is not None:
                 self._hole(range(run_start, seq), reason)
                 run_start = None
-            self._apply(f, replayed=True)
+            self._apply(f, replayed=True, fill="history" if first else "gap")
         if run_start is not None:
             self._hole(range(run_start, missing.stop), reason)
 
     def _hole(self, seqs: range, reason: str) -> None:
+        self.holes += 1
+        self.lost_batches += len(seqs)
         self.tracker.skip(seqs)
         self._put(Hole(self.source.pod, self.tracker.segment, seqs.start, seqs.stop - 1, reason))
 
-    def _ask_replay(self, start: int) -> None:
+    def _ask_replay(self, start: int, fill: str) -> None:
         """Replay from ``start`` and take every batch it returns as if it arrived live."""
         frames = self._fetch(start)
         for f in frames or ():
-            self._on_frame(f, replayed=True)
+            self._on_frame(f, replayed=True, fill=fill)
 
     def _fetch(self, start: int) -> list[Frame] | None:
         dealer = self.ctx.socket(zmq.DEALER)

@@ -10,10 +10,13 @@ answers with deliveries. Each item becomes one step, in arrival order:
 - when no step was made for ``SCRAPE_STEP_S`` and a pod's scrape is new, a step
   without events carries it (an idle deployment's gauges still move).
 
-Every step's metrics hold the batch's origin (pod, source seq, segment, replayed,
-source ts), each pod's cached / stored / removed block counts and holes, and each
-pod's latest scraped figures (``scraped``). Steps are folded by the hash-only reducer
-(``HashCacheState``), recorded (run kind ``attached``) and published. The hub's ops
+Every step's metrics hold the batch's origin (pod, source seq, segment, replayed, how it
+came: ``fill``, its dialect: ``wire``, source ts), each pod's cached / stored / removed block
+counts and holes, each pod's latest scraped figures (``scraped``), and the fleet rows
+(``fleet``, ``engine.attach.fleet.pod_row``: fidelity and churn) of the step's pod and, every
+``FLEET_EVERY_S``, of every pod. Steps are folded by the ledger (``engine.attach.ledger``:
+the hash-only reducer ``HashCacheState`` plus removals and churn), recorded (run kind
+``attached``) and published. The hub's ops
 that would change an engine (submit, abort, reset, restart) are refused: the engine
 is someone else's.
 
@@ -32,10 +35,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from engine.attach.fleet import pod_row
+from engine.attach.ledger import FleetLedger
+from engine.attach.locator import PodLocation, locate
 from engine.attach.pod_source import PodSource
 from engine.attach.stream_items import Hole, NewSegment, Received, StreamItem
 from engine.attach.translate import translate
-from engine.events.folds.hash_cache_state import HashCacheState
 from engine.events.folds.run_kind import RunKind
 from engine.events.schema.step import StepRecord
 from engine.events.schema.types import PROTOCOL_VERSION, Event, KVGap, KVSegment
@@ -49,6 +54,7 @@ from engine.store.db import new_run_id
 log = logging.getLogger("kvscope.attach")
 
 Post = Callable[[list[Delivery]], None]
+FLEET_EVERY_S = 1.0  # every pod's fleet row rides on a step this often (the step's own pod's always)
 SCRAPE_STEP_S = 1.0  # an idle deployment's scraped figures become a step this often
 MAX_ITEMS_PER_ITERATION = 512  # under a flood of batches, still answer letters between
 
@@ -57,7 +63,8 @@ class AttachWorker(threading.Thread):
     def __init__(self, pods: Sequence[PodSource], items: queue.Queue[StreamItem], post: Post,
                  mailbox: Mailbox, board: HealthBoard, config: dict[str, Any],
                  recorder: Any = None, label: str | None = None,
-                 scrapers: dict[str, Any] | None = None, limits: dict[str, Any] | None = None) -> None:
+                 scrapers: dict[str, Any] | None = None, limits: dict[str, Any] | None = None,
+                 wire_counters: Callable[[str], dict[str, Any]] | None = None) -> None:
         super().__init__(name="kvscope-attach-worker", daemon=True)
         self.pods = list(pods)
         self.items = items
@@ -69,7 +76,13 @@ class AttachWorker(threading.Thread):
         self.label = label
         self.scrapers = dict(scrapers or {})
         self.limits = dict(limits or {})
-        self.state = HashCacheState()
+        self.ledger = FleetLedger()  # the fold (``state``) and what it forgets (removals, churn)
+        self.state = self.ledger.state
+        self.lock = threading.Lock()  # held while a step is folded, and while a locate reads
+        self.locate_queries: dict[str, int] = {}  # per pod: locator answers given (read by /metrics)
+        self.wire_counters = wire_counters or (lambda pod: {})  # a pod's PodSubscription.counters()
+        self.fleet: dict[str, dict[str, Any]] = {}  # per pod, the latest row (engine.attach.fleet)
+        self._fleet_all_at = 0.0  # when the last step carried every pod's row
         self.run_id: str | None = None
         self.num_steps = 0
         self.counts: dict[str, dict[str, int]] = {}  # per pod, swapped whole (read by /metrics)
@@ -160,7 +173,9 @@ class AttachWorker(threading.Thread):
         if isinstance(item, Received):
             b = item.batch
             origin.update(source_seq=item.seq, replayed=item.replayed, source_ts=b.ts,
-                          dp_rank=b.data_parallel_rank)
+                          dp_rank=b.data_parallel_rank, fill=item.fill)
+            if item.wire is not None:
+                origin["wire"] = item.wire
             try:
                 tr = translate(b, item.pod, step)
                 events: list[Event] = tr.events
@@ -188,10 +203,11 @@ class AttachWorker(threading.Thread):
 
     def _make_step(self, events: list[Event], origin: dict[str, Any]) -> None:
         seq = self._last_seq + 1
-        self.state.apply_events(events)
-        self.state.step = seq
+        with self.lock:
+            self.ledger.apply_events(events)
+            self.state.step = seq
         metrics = dict(origin)
-        metrics.update(self._pod_figures())
+        metrics.update(self._pod_figures(origin.get("pod")))
         record = StepRecord(seq, seq, time.time(), events, metrics)
         if self.recorder is not None:
             self.recorder.record_step(record, self.run_id)
@@ -200,7 +216,22 @@ class AttachWorker(threading.Thread):
         self.num_steps += 1
         self._last_step_at = time.monotonic()
 
-    def _pod_figures(self) -> dict[str, Any]:
+    def _fleet_rows(self, pod: str | None) -> dict[str, dict[str, Any]]:
+        """The rows of ``pod`` (the step's) and, every ``FLEET_EVERY_S``, of every pod given."""
+        now = time.monotonic()
+        names = [p.pod for p in self.pods]
+        if pod is None or now - self._fleet_all_at >= FLEET_EVERY_S:
+            self._fleet_all_at = now
+            chosen = names + [n for n in self.state.pods if n not in names]
+        else:
+            chosen = [pod]
+        rows = {n: pod_row(self.wire_counters(n), self.state.pods.get(n), self.ledger.pods.get(n))
+                for n in chosen}
+        merged = {**self.fleet, **rows}  # in the order the pods were given, then any other
+        self.fleet = {**{n: merged[n] for n in names if n in merged}, **merged}
+        return rows
+
+    def _pod_figures(self, pod: str | None = None) -> dict[str, Any]:
         counts = {}
         for name, p in self.state.pods.items():
             counts[name] = {"cached_blocks": len(p.blocks), "stored_blocks": p.stored_blocks,
@@ -215,7 +246,20 @@ class AttachWorker(threading.Thread):
             self._scrape_versions[pod] = s.version
         if scraped:
             out["scraped"] = scraped
+        out["fleet"] = self._fleet_rows(pod)
         return out
+
+    def locate(self, token_ids: list[int]) -> tuple[int, list[PodLocation]]:
+        """(step, each pod's answer) for a prompt: ``engine.attach.locator`` on the live fold.
+        Any thread; LocateError for a prompt it cannot take."""
+        names = [p.pod for p in self.pods]
+        with self.lock:
+            snap = self.state.to_snapshot()
+            out = locate(snap, token_ids, self.ledger,
+                         names + [p for p in snap.pods if p not in names])
+        for loc in out:
+            self.locate_queries[loc.pod] = self.locate_queries.get(loc.pod, 0) + 1
+        return snap.step, out
 
     # ---- letters --------------------------------------------------------------------
 

@@ -1,17 +1,21 @@
 """The Attached view in real Chromium (Playwright): live on a running ``kvscope attach``
-over two synthetic pods, then the stored run in Replay and on the Attached page.
-Screenshots go to test-artifacts/dashboard/attached-*.png."""
+over two synthetic pods (the prefix locator's answer, then the Fleet page), then the stored
+run in Replay and on the Attached page. Screenshots go to test-artifacts/dashboard/attached-*.png and fleet.png
+(with KVSCOPE_UPDATE_SCREENSHOTS=1 fleet.png is copied to docs/screenshots for the README)."""
 
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 
 from tests.attach.demo import publish_demo, word_tokenizer
 from tests.attach.fake_publisher import FakePublisher
 from tests.attach.helpers import source, start_attach, wait_until
-from tests.dashboard.test_browser import ARTIFACTS, CHROMIUM, VIEWPORT, Dashboard, _nav, _need_chromium, _shot
+from tests.dashboard.test_browser import (
+    ARTIFACTS, CHROMIUM, DOCS, DOCS_MODE, VIEWPORT, Dashboard, _nav, _need_chromium, _shot,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +77,19 @@ def test_attached_view_in_chromium_live_and_stored(stack):
                                              "line . what is a page")
             page.get_by_role("button", name="Look up").click()
             expect(page.get_by_text(re.compile("Cached on pod-a"))).to_be_visible()
+            # the locator's why, per pod: pod-b caches other questions after the system prompt
+            expect(page.get_by_text(re.compile(r"the closest \(\w+\) differs from prompt token 15"))).to_be_visible()
+            page.get_by_text(re.compile("Cached on pod-a")).scroll_into_view_if_needed()
             _shot(page, "attached-lookup")
+
+            _nav(page, "Fleet")  # the fleet page: a row per pod, what to look at
+            expect(page.get_by_text("Fleet: every pod at a glance")).to_be_visible()
+            expect(page.get_by_text(re.compile(r"^2 pod\(s\) · 12 cached blocks in all"))).to_be_visible()
+            expect(page.get_by_text(re.compile(r"1 batch\(es\) lost in 1 hole\(s\)")).first).to_be_visible()
+            page.locator("[data-testid='stDataFrame']").first.wait_for()
+            page.get_by_text("Pause updates").first.click()
+            _shot(page, "fleet")
+            _nav(page, "Attached")
 
             srv.stop()  # the run is finished and stored
             _nav(page, "Replay")
@@ -93,3 +109,6 @@ def test_attached_view_in_chromium_live_and_stored(stack):
             raise
         finally:
             browser.close()
+    if DOCS_MODE:  # the README's attach section shows the fleet page
+        DOCS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ARTIFACTS / "fleet.png", DOCS / "fleet.png")

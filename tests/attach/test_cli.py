@@ -87,3 +87,62 @@ def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
         code = exc.code
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def _consecutive_ports(n: int) -> int:
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", base + i))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no run of free ports")
+
+
+def test_a_data_parallel_pod_is_one_pod_per_rank_on_port_plus_rank(tmp_path):
+    from engine.attach.commands import options_from_args
+    from engine.cli import build_parser
+    from tests.attach.helpers import start_attach, wait_until
+
+    base, rbase = _consecutive_ports(2), _consecutive_ports(2)
+    args = build_parser().parse_args(
+        ["attach", "--kv-events", f"tcp://127.0.0.1:{base}", "--replay", f"tcp://127.0.0.1:{rbase}",
+         "--metrics", "http://127.0.0.1:1/metrics", "--pod", "dp", "--data-parallel-size", "2",
+         "--kv-events", "tcp://127.0.0.1:1", "--pod", "solo"])
+    opts = options_from_args(args)
+    assert [(p.pod, p.endpoint, p.replay, p.metrics) for p in opts.pods] == [
+        ("dp-dp0", f"tcp://127.0.0.1:{base}", f"tcp://127.0.0.1:{rbase}", "http://127.0.0.1:1/metrics"),
+        ("dp-dp1", f"tcp://127.0.0.1:{base + 1}", f"tcp://127.0.0.1:{rbase + 1}", None),
+        ("solo", "tcp://127.0.0.1:1", None, None)]
+    # each rank's publisher, on its own port: each batch lands on its rank's pod
+    ranks = [FakePublisher(endpoint=f"tcp://127.0.0.1:{base + r}", replay=False, dp_rank=r) for r in range(2)]
+    srv = start_attach(tmp_path, *opts.pods[:2])
+    try:
+        for r, pub in enumerate(ranks):
+            pub.wait_subscriber()
+            pub.publish([stored([10 + r], None, [1, 2, 3, 4], 4)])
+        wait_until(lambda: all(srv.worker.state.cached(f"dp-dp{r}") == {format(10 + r, "016x")}
+                               for r in range(2)), what="each rank's block on its pod")
+    finally:
+        srv.stop()
+        for pub in ranks:
+            pub.close()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kv-events", "ipc:///tmp/x.sock", "--data-parallel-size", "2"], "needs tcp://HOST:PORT endpoints"),
+    (["--kv-events", "tcp://127.0.0.1:5557", "--data-parallel-size", "0"], "must be >= 1"),
+])
+def test_bad_data_parallel_sizes_are_refused(argv, message, capsys):
+    assert main(["attach", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -56,7 +56,7 @@ def lookup(at: AppTest, prefix: str, prompt: str) -> list[dict]:
     at.text_area(key=f"{prefix}_prompt").set_value(prompt)
     next(b for b in at.button if b.label == "Look up").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    return at.dataframe[0].value.to_dict("records")
+    return next(d.value for d in at.dataframe if "why" in d.value.columns).to_dict("records")
 
 
 def test_live_attach_renders_in_the_live_page_with_every_tab(env):
@@ -74,6 +74,30 @@ def test_live_attach_renders_in_the_live_page_with_every_tab(env):
     by_pod = {r["pod"]: r for r in rows}
     assert by_pod["pod-a"]["cached blocks"] == 4 and by_pod["pod-a"]["hit if sent now"] == 12
     assert by_pod["pod-b"]["cached blocks"] == 3 and by_pod["pod-b"]["matched by"] == "token ids"
+    # the locator's why: pod-a holds every block; pod-b caches "what is a cache" / "... hash"
+    assert (by_pod["pod-a"]["why"], by_pod["pod-a"]["tier"]) == ("whole prompt cached", "GPU")
+    assert (by_pod["pod-b"]["why"], by_pod["pod-b"]["chain breaks at block"], by_pod["pod-b"]["at token"]) \
+        == ("diverged", 3, 15)
+    assert (by_pod["pod-a"]["missed tokens by cause"], by_pod["pod-b"]["missed tokens by cause"]) \
+        == ("last token 4", "diverged 4")
+    assert at.selectbox(key="live_locate_pod").value == "pod-a"  # its tree, the prefix outlined
+    assert "`kvscope attach` answered at its step" in texts(at)  # live: POST /locate
+    # the fidelity monitor: pod-b lost one batch in a hole; pod-a is complete
+    at.session_state["live_attached_tabs"] = "Index fidelity"
+    at.run()
+    fid = {r["pod"]: r for r in at.dataframe[0].value.to_dict("records")}
+    assert (fid["pod-a"]["completeness"], fid["pod-a"]["batches"], fid["pod-a"]["batches lost"]) == ("100.0%", 7, 0)
+    assert (fid["pod-b"]["completeness"], fid["pod-b"]["gaps unfilled"], fid["pod-b"]["batches lost"]) == ("75.0%", 1, 1)
+    assert fid["pod-b"]["dialects"] == "events array · hashes int · 3 frames · fields vllm-0.3x ×3"
+    assert "Index fidelity: completeness 75.0% · 0 gap(s) filled, 1 not" in texts(at)
+    # the wire doctor: pod-b's raw batches from the running attach, newest first
+    at.session_state["live_attached_tabs"] = "Wire doctor"
+    at.run()
+    at.selectbox(key="live_wire_pod").set_value("pod-b").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.expander[0].label.startswith("seq 3 · segment 0 · live · ")
+    fields = {r["path"]: r["value"] for r in at.dataframe[0].value.to_dict("records")}
+    assert fields["events[0].type"] == "BlockStored" and fields["events[0].parent_block_hash"] == "13"
     at.session_state["live_attached_tabs"] = "Shared prefixes"
     at.run()
     shared = at.dataframe[0].value
@@ -101,6 +125,11 @@ def test_a_stored_attached_run_replays_with_the_slider_and_every_tab(env):
     assert not at.exception
     assert "Pod **pod-b** has a hole in its stream" in texts(at)
     walk_tabs(at, "replay")
+    # a stored run: the locator folds the recorded steps up to the shown one
+    by_pod = {r["pod"]: r for r in lookup(at, "replay", SYSTEM + " what is a page")}
+    assert (by_pod["pod-a"]["why"], by_pod["pod-a"]["hit if sent now"]) == ("whole prompt cached", 12)
+    assert (by_pod["pod-b"]["why"], by_pod["pod-b"]["at token"]) == ("diverged", 15)
+    assert "answered at its step" not in texts(at)
     assert at.slider(key="replay_slider").max == run["num_steps"] - 1
     at.switch_page("views/compare.py").run()  # attached runs are not offered to Compare
     assert not at.exception
@@ -119,3 +148,39 @@ def test_the_event_log_says_what_a_stored_or_removed_block_is_and_where():
                                 ownership="tier-1")
     assert _detail(placeholder)[1] == "pod p; a placeholder (hash only, no tokens); CPU_PINNED, LOCAL, tier-1"
     assert _detail(KVBlockRemoved(2, "p", ("ab" * 8,), 2.0))[1] == "pod p"
+
+
+def fleet_table(at: AppTest) -> dict[str, dict]:
+    assert not at.exception, [e.value for e in at.exception]
+    return {r["pod"]: r for r in at.dataframe[0].value.to_dict("records")}
+
+
+def test_the_fleet_page_has_a_row_per_pod_live_and_stored(env):
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page("views/fleet.py")
+    at = rerun_until(at, lambda a: len(a.dataframe) > 0 and len(a.dataframe[0].value) == 2,
+                     what="the fleet table")
+    assert at.title[0].value == "Fleet: every pod at a glance"
+    rows = fleet_table(at)
+    assert list(rows) == ["pod-a", "pod-b"]
+    a, b = rows["pod-a"], rows["pod-b"]
+    assert (a["cached blocks"], a["index completeness"], a["gaps unfilled"], a["look at"]) == (7, "100.0%", 0, "–")
+    assert (b["cached blocks"], b["index completeness"], b["gaps unfilled"]) == (5, "75.0%", 1)
+    assert b["look at"] == "1 batch(es) lost in 1 hole(s)"
+    assert a["evicted before reuse"] == "100.0%"  # block 4 went, never reused
+    assert a["hit rate"] == "–"  # no --metrics in the demo
+    assert a["dialect"] == "events map · hashes int · 3 frames · fields common"
+    assert a["last event"].endswith(" s")
+    # achieved against reachable: pod-a's 4 requests (a start, 3 branches below the system
+    # prompt) held 9 of 15 blocks; pod-b's 2 held 3 of 7; no pod held more than the one used
+    assert (a["hit (events)"], a["reachable (events)"], b["hit (events)"]) == ("60.0%", "60.0%", "42.9%")
+    assert ("Of the 22 prompt blocks of the 6 requests seen starting or branching, the pods they "
+            "went to held 12 (54.5%)") in texts(at)
+    assert any("**pod-b**: 1 batch(es) lost" in w.value for w in at.warning)
+    env.stop()  # the stored run shows the same rows at its last step
+    release_streamlit_resources()  # the dashboard's connection to the stopped attach
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    at.switch_page("views/fleet.py").run()
+    rows = fleet_table(at)
+    assert (rows["pod-a"]["cached blocks"], rows["pod-b"]["index completeness"]) == (7, "75.0%")
+    assert "a stored run" in "\n".join(c.value for c in at.caption)

@@ -12,16 +12,22 @@ An attach server (in-process, recording) and an independent pyzmq subscriber
 3. One-block requests of fresh tokens walk vLLM's LRU free queue, one eviction each, until
    the first of b2's copies is evicted (BlockRemoved for its hash) while the other stays.
 4. The probe: P + R1's output + 20 tokens. The prompt box (``engine.attach.prefix_match``,
-   by vLLM's sha256 hashes) predicts vLLM's hit, then the probe is sent.
+   by vLLM's sha256 hashes) and attach's ``POST /locate`` (``engine.attach.locator``) predict
+   vLLM's hit and say where the chain breaks (block 3: never stored, as no request reached
+   128 tokens), then the probe is sent.
 
 Checked: the recorded run's cached hashes (and their copies) equal the independent
 subscriber's fold; the prediction equals vLLM's ``cached_tokens`` (96: b0, b1 and the
 surviving copy of b2), where a fold without copies predicts 64 (the issue's tiny-pool case);
 a second attach started after all this fills the whole history through vLLM's replay and
-holds the same cache; the scraped /metrics reached the run.
+holds the same cache; the scraped /metrics reached the run; the fidelity monitor's row for
+the pod says its stream was complete, in vLLM 0.32's dialect (tagged maps, int hashes).
 """
 
 from __future__ import annotations
+
+import json
+import urllib.request
 
 import pytest
 
@@ -110,7 +116,17 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
                          if e["type"] == "BlockRemoved" else set())
         chain = stream_chain(probe, BLOCK_SIZE)
         old_blocks = next((i for i, h in enumerate(chain) if h not in no_copies), len(chain))
+        req = urllib.request.Request(attach.url.replace("ws://", "http://") + "/locate",
+                                     data=json.dumps({"token_ids": probe}).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            (located,) = json.loads(resp.read())["pods"]
         _, served = _complete(client, probe, 1)
+        assert (located["method"], located["tier"], located["hit_tokens"]) == ("hash", "GPU", served)
+        assert (located["break"]["reason"], located["break"]["block"]) == ("never_stored", 3)
+        row = attach.worker.fleet[POD]
+        assert (row["completeness"], row["lost_batches"], row["restarts"]) == (1.0, 0, 0)
+        assert (row["dialect"]["events"], row["dialect"]["hashes"]) == ("map", "int")
+        assert row["duplicate_stores"] >= 1 and row["removed_blocks"] >= 1  # b2's second copy; the LRU walk
         assert predicted.method == BY_HASH
         assert predicted.hit_tokens == served == 3 * BLOCK_SIZE and old_blocks * BLOCK_SIZE == 64
         stream.settle(1.0)
