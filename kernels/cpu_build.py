@@ -7,14 +7,23 @@ install`` builds them once ahead of time.
 
 The build directory is the virtualenv's own (``<venv>/kvscope-kernels/<name>``), so each
 checkout builds and keeps its kernels apart; ``TORCH_EXTENSIONS_DIR`` overrides it, and
-outside a virtualenv torch's ``~/.cache/torch_extensions`` is used. torch serialises builds
-with a ``lock`` file there and waits on it for ever: a build killed mid-way (a stopped
-session) left one in the shared cache, and the next checkout's ``make install`` hung until
-CI's time ran out. A lock older than any build (``STALE_LOCK_S``) is now removed, saying so.
+outside a virtualenv torch's ``~/.cache/torch_extensions`` is used.
+
+torch's ``load`` takes a ``lock`` file in that directory on every call, even when nothing
+needs building (it runs ninja to find out), and waits for ever while one exists. A process
+killed inside that window (a stopped session; a test that kills a loading engine core)
+leaves the lock behind, and every later engine start hangs: the last CI hung in ``make
+install`` until its 90 minutes ran out. So a finished build writes a stamp (``STAMP``: the
+hash of the source, the flags, torch's and Python's versions) and later loads import the
+built module directly, taking no lock; only a real build goes through torch, and a lock older
+than any build (``STALE_LOCK_S``) is removed first, saying so.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -55,30 +64,62 @@ def _ninja_on_path() -> None:
 
 # A build takes 30-60 s on a 2-core box (a few minutes under load); a lock file older than
 # this was left by a build that was killed, and nothing will ever remove it.
-STALE_LOCK_S = 900.0
+STALE_LOCK_S = 600.0
+STAMP = "kvscope-build.json"  # written by a finished build: what was built, from what
 
 
-def build_directory(name: str) -> str | None:
+def build_directory(name: str) -> str:
     """Where extension ``name`` is built and cached: ``TORCH_EXTENSIONS_DIR``/name when set;
-    in a virtualenv, ``<venv>/kvscope-kernels/<name>``; else None (torch's default)."""
+    in a virtualenv, ``<venv>/kvscope-kernels/<name>``; else torch's default."""
     root = envs.TORCH_EXTENSIONS_DIR.get()
     if root:
         path = Path(root) / name
     elif sys.prefix != sys.base_prefix:
         path = Path(sys.prefix) / "kvscope-kernels" / name
     else:
-        return None
+        from torch.utils import cpp_extension
+
+        return cpp_extension._get_build_directory(name, False)
     path.mkdir(parents=True, exist_ok=True)
     return str(path)
 
 
-def clear_stale_lock(directory: str | None, name: str, now: float | None = None) -> bool:
+def fingerprint(source: Path, flags: list[str]) -> str:
+    """What a build depends on: the source, the flags, the compiler, torch and Python."""
+    import torch
+
+    h = hashlib.sha256(source.read_bytes())
+    h.update(json.dumps([flags, envs.CXX.get(), torch.__version__, sys.version]).encode())
+    return h.hexdigest()
+
+
+def load_built(directory: str, fp: str):
+    """The module that a finished build of the same fingerprint left in ``directory``,
+    imported without torch's lock (torch is imported first: the module links its libraries);
+    None when there is none."""
+    try:
+        stamp = json.loads((Path(directory) / STAMP).read_text())
+        path = Path(directory) / stamp["file"]
+        if stamp["fingerprint"] != fp or not path.is_file():
+            return None
+        spec = importlib.util.spec_from_file_location(stamp["module"], path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_stamp(directory: str, fp: str, module) -> None:
+    tmp = Path(directory) / f".{STAMP}.{os.getpid()}"
+    tmp.write_text(json.dumps({"fingerprint": fp, "module": module.__name__,
+                               "file": Path(module.__file__).name}))
+    tmp.replace(Path(directory) / STAMP)
+
+
+def clear_stale_lock(directory: str, now: float | None = None) -> bool:
     """Remove the build ``lock`` a killed build left behind (older than ``STALE_LOCK_S``);
     True when one was removed."""
-    if directory is None:
-        from torch.utils import cpp_extension
-
-        directory = cpp_extension._get_build_directory(name, False)
     lock = Path(directory) / "lock"
     try:
         age = (time.time() if now is None else now) - lock.stat().st_mtime
@@ -128,13 +169,18 @@ def load_cpu_extension(source: str, extra_cflags: tuple[str, ...] = ()):
             _ninja_on_path()
             src = Path(__file__).with_name(source)
             name = f"kvscope_{src.stem}{'_omp' if omp else ''}"  # both builds stay cached
+            cflags = ["-O3", "-march=native", *omp, *extra_cflags]
             try:
                 directory = build_directory(name)
-                clear_stale_lock(directory, name)
-                _loaded[key] = cpp_extension.load(
-                    name=name, sources=[str(src)], build_directory=directory,
-                    extra_cflags=["-O3", "-march=native", *omp, *extra_cflags], extra_ldflags=omp,
-                    verbose=False)
+                fp = fingerprint(src, cflags + omp)
+                module = load_built(directory, fp)
+                if module is None:
+                    clear_stale_lock(directory)
+                    module = cpp_extension.load(
+                        name=name, sources=[str(src)], build_directory=directory,
+                        extra_cflags=cflags, extra_ldflags=omp, verbose=False)
+                    _write_stamp(directory, fp, module)
+                _loaded[key] = module
             except Exception as exc:  # noqa: BLE001 (compiler missing, build error, ...)
                 raise KernelUnavailableError(
                     f"the C++ kernels in kernels/{source} failed to build ({type(exc).__name__}: {exc}); "
