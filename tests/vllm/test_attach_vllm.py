@@ -38,7 +38,7 @@ from engine.events.schema.hash_key import hash_key
 from engine.store.runs import RunStore
 from tests.attach.helpers import start_attach, wait_until
 from tests.vllm.kv_stream import RawStream, fold_copies
-from tests.vllm.servers import BLOCK_SIZE, MODEL_NAME
+from bench.vllm_servers import BLOCK_SIZE, MODEL_NAME
 
 pytestmark = pytest.mark.vllm
 

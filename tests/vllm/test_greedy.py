@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.vllm.servers import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME
+from bench.vllm_servers import BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME
 
 pytestmark = pytest.mark.vllm
 

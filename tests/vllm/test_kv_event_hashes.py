@@ -19,7 +19,7 @@ from engine.core.hashing import DEFAULT_HASH_ALGO, BlockHasher
 from engine.kv_events.mapping import vllm_block_hash
 from tests.kv_events.subscriber import DECODERS, kind
 from tests.vllm.kv_stream import RawStream, kvscope_with_events
-from tests.vllm.servers import BLOCK_SIZE, MODEL_NAME
+from bench.vllm_servers import BLOCK_SIZE, MODEL_NAME
 
 pytestmark = pytest.mark.vllm
 

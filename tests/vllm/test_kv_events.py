@@ -28,7 +28,7 @@ from engine.kv_events.decoder import decode_batch
 from engine.kv_events.encoding import BatchEncoder
 from engine.kv_events.types import BlockRemoved, BlockStored, KVEventBatch
 from tests.vllm.kv_stream import RawStream, kvscope_with_events
-from tests.vllm.servers import MODEL_NAME
+from bench.vllm_servers import MODEL_NAME
 from tests.vllm.test_kv_event_hashes import MAX_TOKENS, PROMPTS
 
 pytestmark = pytest.mark.vllm

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.servers import MODEL_NAME
+from bench.vllm_servers import MODEL_NAME
 
 pytestmark = pytest.mark.vllm
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from tests.vllm import prom_diff
-from tests.vllm.servers import DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
+from bench.vllm_servers import DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
 from tests.vllm.test_prefix_cache import LONG, SYSTEM
 
 pytestmark = pytest.mark.vllm

@@ -29,7 +29,7 @@ import subprocess
 import pytest
 
 from tests.vllm.openai_cases import CASES, probe
-from tests.vllm.servers import vllm_python
+from bench.vllm_servers import vllm_python
 
 pytestmark = pytest.mark.vllm
 

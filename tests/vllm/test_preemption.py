@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.vllm import prom_diff
-from tests.vllm.servers import DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
+from bench.vllm_servers import DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
 from tests.vllm.test_metrics import LABELS, VLLM_SCHEDULER_ARGS
 from tests.vllm.test_prefix_cache import LONG, SYSTEM
 

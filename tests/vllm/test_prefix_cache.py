@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm.servers import DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
+from bench.vllm_servers import DEFAULT_KVSCOPE_BLOCKS, MODEL_NAME
 
 pytestmark = pytest.mark.vllm
 

