@@ -22,6 +22,8 @@ NAME = re.compile(r"\bKVSCOPE_[A-Z0-9_]*[A-Z0-9]")
 # else asks a switch.
 DIRECT_ENV = {
     "bench/threads_ab.py": "builds each child's whole environment",
+    "bench/vllm_servers.py": "builds the environments of the vllm serve and kvscope serve it "
+                             "starts; reads VLLM_VENV, setup_vllm.sh's variable",
     "dashboard/server_process.py": "copies the environment for the server it starts",
     "engine/engine_core/client.py": "copies the environment for the core's process it starts",
     "engine/openai/snippets.py": "the text of a client snippet, not a read",
