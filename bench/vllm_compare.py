@@ -31,7 +31,9 @@ import argparse
 import asyncio
 import json
 import os
+import logging
 import random
+import signal
 import statistics
 import sys
 import time
@@ -118,6 +120,8 @@ async def _send(api_url: str, model: str, batch: list[list[int]], concurrency: i
                 output_tokens: int) -> tuple[float, list[list[int]], list[float], list[float]]:
     import openai
 
+    for name in ("httpx", "httpx2"):  # a line per request otherwise, where logging is configured
+        logging.getLogger(name).setLevel(logging.WARNING)
     client = openai.AsyncOpenAI(base_url=api_url, api_key="unused", max_retries=0, timeout=3600)
     gate = asyncio.Semaphore(concurrency)
     ttfts: list[float] = []
@@ -180,6 +184,8 @@ def compare(opts: Options, progress=print) -> dict:
         raise FileNotFoundError(f"no vLLM venv at {vllm_venv()}: run `make vllm-venv` "
                                 "(bash tests/vllm/setup_vllm.sh) first")
     model_dir = vllm_hf_dir()
+    # SIGTERM unwinds like Ctrl-C, so the servers below are stopped (by process group) either way
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     bind = "0" if opts.threads == 1 else f"0-{opts.threads - 1}"
     progress(f"starting vllm serve ({opts.threads} threads, VLLM_CPU_OMP_THREADS_BIND={bind}) ...")
     with start_vllm(model_dir, events=False, env_extra={"VLLM_CPU_OMP_THREADS_BIND": bind}) as vllm:
