@@ -136,8 +136,16 @@ MISS_CAUSE_SPLIT = Behaviour(
     "prefix-cache misses split by cause (cold, evicted, partial, disabled); vLLM counts "
     "only queries and hits.")
 
+PREFIX_ROUTING = Behaviour(
+    "prefix_routing", "llm-d inference scheduler",
+    "a router scores each pod by the longest run of the request's block hashes, from the "
+    "first, that the pod's KV events say it holds; the highest score wins, ties go to the "
+    "least loaded pod (llm-d's precise prefix-cache scorer; engine/simulate/routers).",
+    "llm-d-kv-cache's indexer behind llm-d-inference-scheduler's precise-prefix-cache-scorer")
+
 BEHAVIOURS: tuple[Behaviour, ...] = (
     PAGING, CONTIGUOUS_BASELINE, COPY_ON_WRITE, PREFIX_CACHE_SAMPLES, FULL_BLOCK_HASHING,
     SCHEDULE_TIME_HASHING, HIT_CAP, TAIL_FIRST_FREE, LRU_EVICTION, HASHLESS_FIRST,
     UNIFIED_SCHEDULE, LONG_PREFILL_CAP, PREEMPT_NEWEST, FAIR_SHARES, KV_BUDGET, MISS_CAUSE_SPLIT,
+    PREFIX_ROUTING,
 )

@@ -18,15 +18,15 @@ def answers(doc):
     return {q["key"]: q["answer"] for q in doc["questions"]}
 
 
-def test_catalog_has_eight_lessons_with_text_and_questions():
-    assert NUMBERS == list(range(1, 9))
+def test_catalog_has_nine_lessons_with_text_and_questions():
+    assert NUMBERS == list(range(1, 10))
     for lesson in LESSONS:
         c = lesson.catalog()
         assert c["sections"] and all(s.strip() for s in c["sections"])
         assert 1 <= len(c["questions"]) <= 4 and c["takeaway"]
         json.dumps(c)  # the dashboard reads it as is
-    with pytest.raises(ValueError, match="no lesson 9"):
-        get_lesson(9)
+    with pytest.raises(ValueError, match="no lesson 10"):
+        get_lesson(10)
 
 
 def test_every_lesson_says_which_vllm_it_models():
@@ -176,3 +176,22 @@ def test_l8_budget_arithmetic_and_the_too_small_error(lesson_doc):
     assert a["sequences"]["value"] == 10 // 4
     assert "KVCacheTooSmallError" in a["too_small"]["value"]["error"]
     assert a["too_small"]["option"].startswith("the engine refuses")
+
+
+def test_l9_prefix_routing_keeps_tenants_together_and_hits_more(lesson_doc):
+    """Each request's hits are the real engine's; the routers are kvscope simulate's."""
+    from lessons.l09_prefix_routing import PER_TENANT, SYSTEM_LEN, TENANTS
+
+    doc = lesson_doc(9)
+    a, facts = answers(doc), doc["facts"]
+    spread = facts["pods_per_tenant"]
+    assert all(n == 1 for n in spread["precise-prefix"].values())  # a tenant stays on its pod
+    assert max(spread["round-robin"].values()) > 1
+    # every request after a tenant's first reuses exactly its system prompt's blocks
+    assert a["prefix_aware"]["value"] == (PER_TENANT - 1) * len(TENANTS) * SYSTEM_LEN
+    assert a["round_robin"]["value"] < a["prefix_aware"]["value"]
+    assert a["round_robin"]["value"] % SYSTEM_LEN == 0  # a hit is a whole system prompt or none
+    rows = next(c for c in doc["charts"] if c["kind"] == "table")["rows"]
+    assert sum(r[3] for r in rows) == a["round_robin"]["value"] and len(rows) == PER_TENANT * len(TENANTS)
+    fleet = a["fleet"]["value"]
+    assert fleet["precise-prefix"] > fleet["round-robin"] and a["fleet"]["option"] in ("precise-prefix", "oracle")
