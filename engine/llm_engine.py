@@ -27,8 +27,8 @@ from engine.core import KVScopeError, SamplingParams
 from engine.core.ids import check_request_id
 from engine.engine_core.client import ProcessClient, make_client
 from engine.engine_core.core import EngineCore
-from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
-from engine.engine_core.step_isolation import StepFault
+from engine.core.core_step import CoreStep, StepFault
+from engine.engine_core.messages import CoreInfo, EngineCoreRequest
 from engine.events.metrics.step_metrics import MetricsConfig, MetricsTracker
 from engine.events.folds.pool_snapshot import PoolSnapshot
 from engine.events.schema.step import StepRecord

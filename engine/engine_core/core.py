@@ -19,13 +19,15 @@ scheduler. Built by ``engine.engine_core.startup.build_engine_core``. Writer of:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from engine.core import ModelRunnerOutput, Request, RequestStatus, SchedulerOutput
-from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
-from engine.engine_core.step_isolation import RequestFailure, StepFault, split_step
+from engine.core.core_step import CoreStep, RequestFailure, StepFault
+from engine.engine_core.messages import CoreInfo, EngineCoreRequest
+from engine.engine_core.step_isolation import split_step
 from engine.events.folds.pool_snapshot import PoolSnapshot
 
 if TYPE_CHECKING:
@@ -86,13 +88,12 @@ class EngineCore:
             model_output, fault = self._execute(out)
             if gov is not None:
                 gov.stepped()
-            core_outputs = sched.update_from_output(out, model_output)
+            done = sched.update_from_output(out, model_output)
         except Exception as exc:
             # A fault outside the forward: the step did not close, its events wait.
-            return CoreStep(None, time.time(), [], [], None, self._fail_held(exc))
-        events = sched.log.drain()
-        return CoreStep(core_outputs.step, core_outputs.scheduled_at, core_outputs.outputs, events,
-                        sched.pool_summary() if summary else None, fault)
+            return CoreStep(None, time.time(), [], fault=self._fail_held(exc))
+        return dataclasses.replace(done, events=sched.log.drain(),
+                                   summary=sched.pool_summary() if summary else None, fault=fault)
 
     def _execute(self, out: SchedulerOutput) -> tuple[ModelRunnerOutput, StepFault | None]:
         try:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core.engine_core_output import EngineCoreOutputs
+from engine.core.core_step import CoreStep
 from engine.core.errors import KVScopeError
 from engine.core.sampling_params import SamplingParams
 from engine.events.metrics.step_metrics import LatencyObservations
@@ -76,7 +76,7 @@ class OutputProcessor:
         self._finished_stats.append(state.finished_stats())
         return state.output(), core_ids
 
-    def process_outputs(self, core: EngineCoreOutputs, now: float | None = None) -> ProcessedOutputs:
+    def process_outputs(self, core: CoreStep, now: float | None = None) -> ProcessedOutputs:
         """Fold one step's core outputs into the request states; the only loop over them."""
         now = time.time() if now is None else now
         touched: dict[str, RequestState] = {}

@@ -9,7 +9,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from engine.core import EngineCoreOutput, EngineCoreOutputs, SampledToken, SamplingParams
+from engine.core import CoreStep, EngineCoreOutput, SampledToken, SamplingParams
 from engine.output_processor import OutputProcessor
 from engine.output_processor.detokenizer import FastDetokenizer, SlowDetokenizer
 
@@ -33,7 +33,7 @@ def _run(tokenizer, ids, params, finish="length", rid="r"):
         o = EngineCoreOutput(rid, None, 0, SampledToken(t, -0.5 if params.logprobs is not None else None,
                                                            ((t, -0.5),) if params.logprobs else None),
                              finish if last else None, None, 3, 0, 0)
-        steps.append(proc.process_outputs(EngineCoreOutputs(i + 1, 0.5, [o]), now=1.0 + i))
+        steps.append(proc.process_outputs(CoreStep(i + 1, 0.5, [o]), now=1.0 + i))
         if not proc.has_request(rid):
             break
     return proc, steps
@@ -142,7 +142,7 @@ def test_a_stop_tokens_text_is_left_out_as_vllm_does(tokenizer, include):
         last = i == len(ids) - 1
         o = EngineCoreOutput("r", None, 0, SampledToken(t), "stop" if last else None, stop if last else None,
                              3, 0, num_preemptions=2 if i >= 2 else 0)
-        p = proc.process_outputs(EngineCoreOutputs(i + 1, 0.5, [o]), now=1.0 + i)
+        p = proc.process_outputs(CoreStep(i + 1, 0.5, [o]), now=1.0 + i)
     out = p.request_outputs[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop and out.token_ids == ids
     assert out.text == ("ok, fine!" if include else tokenizer.decode(ids[:-1]))
