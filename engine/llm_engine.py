@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from engine.config import EngineConfig
-from engine.core import KVScopeError, SamplingParams
+from engine.core import SamplingParams
 from engine.core.ids import check_request_id
 from engine.engine_core.client import ProcessClient, make_client
 from engine.engine_core.core import EngineCore
@@ -135,10 +135,8 @@ class LLMEngine:
         text, ids = tokenized if tokenized is not None else self.tokenize(prompt, messages)
         # the caller's id follows the one rule ('#' is reserved: fork samples' ids use it)
         rid = check_request_id(request_id) if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self.output_processor.requests:
-            raise KVScopeError(f"request id {rid!r} is already in use")
         params.check_vocab(self.info.vocab_size)
-        state = self.output_processor.new_request(rid, text, ids, params, time.time())
+        state = self.output_processor.new_request(rid, text, ids, params, time.time())  # refuses an id in use
         seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         # the core checks length, queue bound and id before it changes anything; with
         # n_sharing="prefix_cache" it enters each sample as its own request

@@ -45,9 +45,6 @@ class OutputProcessor:
         self.requests: dict[str, RequestState] = {}  # by user request id, until finished
         self._finished_stats: list[FinishedRequestStats] = []  # aborts, for the next step
 
-    def has_request(self, request_id: str) -> bool:
-        return request_id in self.requests
-
     def new_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, arrival_time: float) -> RequestState:
         """Build a request's state (detokenizer included) without entering it yet, so

@@ -65,7 +65,7 @@ class PromptPrep:
 
     @property
     def max_prompt_bytes(self) -> int:
-        slack = NORMALIZER_SLACK if _normalizer(self.tokenizer) is not None else 1
+        slack = NORMALIZER_SLACK if self.tokenizer.backend_tokenizer.normalizer is not None else 1
         return self.max_model_len * self.max_token_bytes * slack
 
     def prepare(self, op: Submit) -> Prepared:
@@ -118,16 +118,8 @@ class PromptPrep:
 
 
 def longest_token_bytes(tokenizer: Any) -> int:
-    """The most UTF-8 bytes any one token decodes to (SmolLM2: 81, a run of spaces)."""
-    n = len(tokenizer)
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:  # one Rust call for the whole vocabulary (~0.1 s for 49k)
-        texts = backend.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
-    else:
-        texts = [tokenizer.decode([i]) for i in range(n)]
+    """The most UTF-8 bytes any one token decodes to (SmolLM2: 81, a run of spaces): one
+    Rust call for the whole vocabulary (~0.1 s for 49k)."""
+    texts = tokenizer.backend_tokenizer.decode_batch([[i] for i in range(len(tokenizer))],
+                                                     skip_special_tokens=False)
     return max(1, max(len(t.encode("utf-8", "surrogatepass")) for t in texts))
-
-
-def _normalizer(tokenizer: Any) -> Any:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    return backend.normalizer if backend is not None else object()  # unknown: assume one
