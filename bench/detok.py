@@ -49,7 +49,7 @@ def _run_processor(tokenizer, ids: list[int]) -> tuple[list[float], str, str]:
         last = i == len(ids) - 1
         core = CoreStep(i + 1, 0.0, [EngineCoreOutput(
             "r", None, 0, SampledToken(t, -1.0, ((t, -1.0),)), "length" if last else None,
-            None, 3, 0, 0)])
+            None, 0, 0)])
         t0 = time.perf_counter()
         (out,) = proc.process_outputs(core, now=float(i)).request_outputs
         times.append(time.perf_counter() - t0)

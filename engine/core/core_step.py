@@ -40,7 +40,6 @@ class EngineCoreOutput:
     new_token: SampledToken | None
     finish_reason: str | None = None
     stop_token: int | None = None
-    num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     prompt_logprobs: list[PromptTokenLogprob] | None = None

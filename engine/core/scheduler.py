@@ -339,7 +339,7 @@ class Scheduler:
         return EngineCoreOutput(
             r.request_id, r.parent_id, r.sample_index, tok,
             r.status.finish_reason if done else None, r.stop_token if done else None,
-            r.num_prompt_tokens, r.num_cached_tokens, r.num_preemptions, prompt_logprobs)
+            r.num_cached_tokens, r.num_preemptions, prompt_logprobs)
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params

@@ -245,9 +245,9 @@ def _info(config: EngineConfig, parts: EngineParts) -> CoreInfo:
         max_num_batched_tokens=sched.max_num_batched_tokens, kv_bytes_per_block=parts.kv_bytes_per_block,
         tokenizer_file=_tokenizer_file(loaded.weights_dir),
     )
-    return CoreInfo(d, str(loaded.weights_dir), spec.vocab_size, spec.max_position_embeddings,
-                    sched.max_model_len, cache.num_blocks, cache.block_size, sched.max_num_seqs,
-                    sched.max_num_batched_tokens, parts.kv_bytes_per_block, loaded.device.type)
+    return CoreInfo(d, str(loaded.weights_dir), spec.vocab_size, sched.max_model_len, cache.num_blocks,
+                    cache.block_size, sched.max_num_seqs, sched.max_num_batched_tokens,
+                    parts.kv_bytes_per_block)
 
 
 def _tokenizer_file(weights_dir) -> str | None:

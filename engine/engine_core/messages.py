@@ -52,14 +52,12 @@ class CoreInfo:
     describe: dict[str, Any]
     weights_dir: str
     vocab_size: int
-    max_position_embeddings: int
     max_model_len: int
     num_blocks: int
     block_size: int
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_bytes_per_block: int
-    device: str
 
 
 # ---- commands (engine -> core process) ----------------------------------------------

@@ -32,7 +32,7 @@ def _run(tokenizer, ids, params, finish="length", rid="r"):
         last = i == len(ids) - 1
         o = EngineCoreOutput(rid, None, 0, SampledToken(t, -0.5 if params.logprobs is not None else None,
                                                            ((t, -0.5),) if params.logprobs else None),
-                             finish if last else None, None, 3, 0, 0)
+                             finish if last else None, None, 0, 0)
         steps.append(proc.process_outputs(CoreStep(i + 1, 0.5, [o]), now=1.0 + i))
         if rid not in proc.requests:
             break
@@ -140,7 +140,7 @@ def test_a_stop_tokens_text_is_left_out_as_vllm_does(tokenizer, include):
     for i, t in enumerate(ids):
         last = i == len(ids) - 1
         o = EngineCoreOutput("r", None, 0, SampledToken(t), "stop" if last else None, stop if last else None,
-                             3, 0, num_preemptions=2 if i >= 2 else 0)
+                             0, num_preemptions=2 if i >= 2 else 0)
         p = proc.process_outputs(CoreStep(i + 1, 0.5, [o]), now=1.0 + i)
     out = p.request_outputs[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop and out.token_ids == ids
