@@ -64,15 +64,14 @@ class LLMEngine:
         self._to_stop: list[str] = []  # stop strings matched: the core finishes them next step
         self.last_metrics: dict = {}
         self.last_fault: StepFault | None = None  # the last step's, if part of it failed
-        self.kv_events = None  # KVEventsPublisher when kv_events_config enables one
-        self._owns_kv_events = False
+        self.kv_events = None  # KVEventsPublisher when kv_events_config enables one (this engine's to close)
         kv_config = config.kv_events_config
         if kv_config is not None and kv_config.active:
             if kv_events is None:
                 from engine.kv_events.publisher import KVEventsPublisher
 
                 kv_events = KVEventsPublisher(kv_config)
-            self.kv_events, self._owns_kv_events = kv_events, True
+            self.kv_events = kv_events
             self.step_listeners.append(kv_events.on_step)
 
     @classmethod
@@ -86,9 +85,9 @@ class LLMEngine:
     def close(self) -> None:
         """Stop what runs beside the engine: the KV event publisher (queued batches go
         out) and the core's process, if it has one."""
-        if self.kv_events is not None and self._owns_kv_events:
-            self._owns_kv_events = False
-            self.kv_events.close()
+        kv, self.kv_events = self.kv_events, None
+        if kv is not None:
+            kv.close()
         self.core.close()
 
     # ---- facts --------------------------------------------------------------
@@ -218,10 +217,10 @@ class LLMEngine:
                 deliver(done[0])
         if closing is not None:
             self._take(closing)
-        if self.kv_events is not None and self._owns_kv_events:
-            self._owns_kv_events = False
-            self.kv_events.announce_cleared()
-        return LLMEngine(config, self.core, self.kv_events, self.tokenizer)
+        kv, self.kv_events = self.kv_events, None  # the new engine's from now on
+        if kv is not None:
+            kv.announce_cleared()
+        return LLMEngine(config, self.core, kv, self.tokenizer)
 
     # ---- cache control and figures -----------------------------------------
 
