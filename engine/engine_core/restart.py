@@ -51,7 +51,7 @@ def rebuilt(old: EngineCore, options: dict[str, Any], limits: dict[str, int] | N
 
     bounds = RestartLimits(**limits) if limits is not None else RestartLimits.of(old.info)
     cfg = dataclasses.replace(old.config, **options)
-    loaded = old.parts.loaded
+    loaded = old.loaded
     per_block = loaded.spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
     if cfg.num_kv_blocks is None:  # "the default" is what the operator's budget holds, never more
         cfg = dataclasses.replace(cfg, num_kv_blocks=min(bounds.num_blocks, bounds.pool_bytes // per_block))
