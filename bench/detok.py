@@ -3,7 +3,7 @@
     python -m bench.detok [--tokens 2000] [--repeats 5] [--model smollm2-135m]
 
 Feeds a ``--tokens``-token sample through the engine's OutputProcessor one token per
-step, exactly as ``LLMEngine.step`` does (an ``EngineCoreOutputs`` per step, a
+step, exactly as ``LLMEngine.step`` does (a ``CoreStep`` per step, a
 ``RequestOutput`` with its stream delta back), with logprobs on and two stop strings
 that never match, so their bookkeeping is timed too. Beside it runs the algorithm the
 output processor replaced (``RequestGroup``, issue 13): re-decode the whole text and
@@ -38,7 +38,7 @@ def _ids(tokenizer, n: int) -> list[int]:
 
 def _run_processor(tokenizer, ids: list[int]) -> tuple[list[float], str, str]:
     """Per-token seconds, the concatenated stream and the final text."""
-    from engine.core import EngineCoreOutput, EngineCoreOutputs, SampledToken, SamplingParams
+    from engine.core import CoreStep, EngineCoreOutput, SampledToken, SamplingParams
     from engine.output_processor import OutputProcessor
 
     proc = OutputProcessor(tokenizer)
@@ -47,9 +47,9 @@ def _run_processor(tokenizer, ids: list[int]) -> tuple[list[float], str, str]:
     times, stream, final = [], [], ""
     for i, t in enumerate(ids):
         last = i == len(ids) - 1
-        core = EngineCoreOutputs(i + 1, 0.0, [EngineCoreOutput(
+        core = CoreStep(i + 1, 0.0, [EngineCoreOutput(
             "r", None, 0, SampledToken(t, -1.0, ((t, -1.0),)), "length" if last else None,
-            None, 3, 0, 0)])
+            None, 0, 0)])
         t0 = time.perf_counter()
         (out,) = proc.process_outputs(core, now=float(i)).request_outputs
         times.append(time.perf_counter() - t0)

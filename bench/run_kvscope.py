@@ -57,9 +57,9 @@ def run_kvscope(engine, workload: Workload, system: str = "kvscope",
     cached = [0] * n
     index = {f"r{i}": i for i in range(n)}
     sched = engine.engine_core.scheduler
-    num_blocks = engine.engine_core.parts.cache_config.num_blocks
-    per_block = engine.engine_core.parts.kv_bytes_per_block
-    per_slot = per_block // engine.engine_core.parts.cache_config.block_size
+    num_blocks = engine.engine_core.scheduler.cache_config.num_blocks
+    per_block = engine.engine_core.kv_bytes_per_block
+    per_slot = per_block // engine.engine_core.scheduler.cache_config.block_size
     peak_blocks = peak_slots = 0
     load0 = loadavg()
     with RssSampler() as rss:

@@ -75,7 +75,8 @@ def run_bench(opts: BenchOptions) -> dict:
     bars = _bar_factory(opts.progress)
     loaded = load_model(opts.model, device="cpu")
     tok = loaded.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else loaded.spec.eos_token_ids[0]
+    pad_id = tok.backend_tokenizer.token_to_id(tok.special_tokens_map.get("pad_token", ""))
+    pad_id = loaded.spec.eos_token_ids[0] if pad_id is None else pad_id
     hf = load_hf(loaded.weights_dir) if opts.baseline else None
     max_len = min(BASE_ENGINE["max_model_len"], loaded.spec.max_position_embeddings)
     base_kw = {"max_model_len": max_len}

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 
 from engine.config import EngineConfig
-from engine.core import KVScopeError, SamplingParams
+from engine.core import SamplingParams
 from engine.core.ids import check_request_id
 from engine.engine_core.client import ProcessClient, make_client
 from engine.engine_core.core import EngineCore
-from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
-from engine.engine_core.step_isolation import StepFault
+from engine.core.core_step import CoreStep, StepFault
+from engine.engine_core.messages import CoreInfo, EngineCoreRequest
 from engine.events.metrics.step_metrics import MetricsConfig, MetricsTracker
 from engine.events.folds.pool_snapshot import PoolSnapshot
 from engine.events.schema.step import StepRecord
@@ -64,15 +64,14 @@ class LLMEngine:
         self._to_stop: list[str] = []  # stop strings matched: the core finishes them next step
         self.last_metrics: dict = {}
         self.last_fault: StepFault | None = None  # the last step's, if part of it failed
-        self.kv_events = None  # KVEventsPublisher when kv_events_config enables one
-        self._owns_kv_events = False
+        self.kv_events = None  # KVEventsPublisher when kv_events_config enables one (this engine's to close)
         kv_config = config.kv_events_config
         if kv_config is not None and kv_config.active:
             if kv_events is None:
                 from engine.kv_events.publisher import KVEventsPublisher
 
                 kv_events = KVEventsPublisher(kv_config)
-            self.kv_events, self._owns_kv_events = kv_events, True
+            self.kv_events = kv_events
             self.step_listeners.append(kv_events.on_step)
 
     @classmethod
@@ -86,9 +85,9 @@ class LLMEngine:
     def close(self) -> None:
         """Stop what runs beside the engine: the KV event publisher (queued batches go
         out) and the core's process, if it has one."""
-        if self.kv_events is not None and self._owns_kv_events:
-            self._owns_kv_events = False
-            self.kv_events.close()
+        kv, self.kv_events = self.kv_events, None
+        if kv is not None:
+            kv.close()
         self.core.close()
 
     # ---- facts --------------------------------------------------------------
@@ -135,10 +134,8 @@ class LLMEngine:
         text, ids = tokenized if tokenized is not None else self.tokenize(prompt, messages)
         # the caller's id follows the one rule ('#' is reserved: fork samples' ids use it)
         rid = check_request_id(request_id) if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self.output_processor.requests:
-            raise KVScopeError(f"request id {rid!r} is already in use")
         params.check_vocab(self.info.vocab_size)
-        state = self.output_processor.new_request(rid, text, ids, params, time.time())
+        state = self.output_processor.new_request(rid, text, ids, params, time.time())  # refuses an id in use
         seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         # the core checks length, queue bound and id before it changes anything; with
         # n_sharing="prefix_cache" it enters each sample as its own request
@@ -220,10 +217,10 @@ class LLMEngine:
                 deliver(done[0])
         if closing is not None:
             self._take(closing)
-        if self.kv_events is not None and self._owns_kv_events:
-            self._owns_kv_events = False
-            self.kv_events.announce_cleared()
-        return LLMEngine(config, self.core, self.kv_events, self.tokenizer)
+        kv, self.kv_events = self.kv_events, None  # the new engine's from now on
+        if kv is not None:
+            kv.announce_cleared()
+        return LLMEngine(config, self.core, kv, self.tokenizer)
 
     # ---- cache control and figures -----------------------------------------
 

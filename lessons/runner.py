@@ -61,7 +61,7 @@ class LessonContext:
         Raises the engine's KVScopeError subclasses (e.g. KVCacheTooSmallError)."""
         cfg = self.config(**overrides)
         eng = build_engine(cfg, loaded=self._loaded)
-        self._loaded = eng.engine_core.parts.loaded
+        self._loaded = eng.engine_core.loaded
         return eng
 
     def load(self) -> None:

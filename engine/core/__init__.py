@@ -6,7 +6,7 @@ from engine.core.errors import (
     ConfigError, EmptyPromptError, KVCacheTooSmallError, KVScopeError, PromptTooLongError,
     QueueFullError, SamplingParamsError,
 )
-from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
+from engine.core.core_step import CoreStep, EngineCoreOutput
 from engine.core.event_log import EventLog
 from engine.core.kv_cache_manager import KVCacheManager, PrefixMatch
 from engine.core.model_runner_output import ModelRunnerOutput, SampledToken
@@ -16,7 +16,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput
 
 __all__ = [
-    "Block", "BlockPool", "CacheConfig", "ConfigError", "EmptyPromptError", "EngineCoreOutput", "EngineCoreOutputs",
+    "Block", "BlockPool", "CacheConfig", "ConfigError", "CoreStep", "EmptyPromptError", "EngineCoreOutput",
     "EventLog", "FreeBlockQueue", "KVCacheManager", "KVCacheTooSmallError", "KVScopeError",
     "ModelRunnerOutput", "NewRequestData", "PrefixMatch", "PromptTooLongError", "QueueFullError",
     "Request", "RequestStatus", "SampledToken", "SamplingParams", "SamplingParamsError",

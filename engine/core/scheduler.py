@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from engine.core.config import CacheConfig, SchedulerConfig, check_capacity, check_prompt_length
-from engine.core.engine_core_output import EngineCoreOutput, EngineCoreOutputs
+from engine.core.core_step import CoreStep, EngineCoreOutput
 from engine.core.errors import QueueFullError
 from engine.core.event_log import EventLog
 from engine.core.fair_share import StepShares, client_counts, fair_first, fair_iter, fair_order
@@ -285,7 +285,7 @@ class Scheduler:
         self.log.add(RequestPreempted(self.log.step, req.request_id))
 
     def update_from_output(self, out: SchedulerOutput,
-                           model_output: ModelRunnerOutput) -> EngineCoreOutputs:
+                           model_output: ModelRunnerOutput) -> CoreStep:
         """Append sampled tokens, fork ``n > 1`` requests, finish the done ones, and
         close the step (events logged from now on belong to the next one).
 
@@ -331,7 +331,7 @@ class Scheduler:
         for r in finished:
             self.finish_request(r.request_id, r.status)
         self.log.step, self._open = step + 1, False  # close the step: the clock's only tick
-        return EngineCoreOutputs(step, out.timestamp, outputs)
+        return CoreStep(step, out.timestamp, outputs)
 
     @staticmethod
     def _core_output(r: Request, tok, prompt_logprobs=None) -> EngineCoreOutput:
@@ -339,7 +339,7 @@ class Scheduler:
         return EngineCoreOutput(
             r.request_id, r.parent_id, r.sample_index, tok,
             r.status.finish_reason if done else None, r.stop_token if done else None,
-            r.num_prompt_tokens, r.num_cached_tokens, r.num_preemptions, prompt_logprobs)
+            r.num_cached_tokens, r.num_preemptions, prompt_logprobs)
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params

@@ -19,19 +19,22 @@ scheduler. Built by ``engine.engine_core.startup.build_engine_core``. Writer of:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from engine.core import ModelRunnerOutput, Request, RequestStatus, SchedulerOutput
-from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
-from engine.engine_core.step_isolation import RequestFailure, StepFault, split_step
+from engine.core.core_step import CoreStep, RequestFailure, StepFault
+from engine.engine_core.messages import CoreInfo, EngineCoreRequest
+from engine.engine_core.step_isolation import split_step
 from engine.events.folds.pool_snapshot import PoolSnapshot
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.core import Scheduler
-    from engine.engine_core.parts import EngineParts
+    from engine.model.loader import LoadedModel
+    from engine.model.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +45,15 @@ class EngineCore:
 
     pid = None  # it runs in the engine's process
 
-    def __init__(self, config: EngineConfig, parts: EngineParts, scheduler: Scheduler,
-                 governor: Any = None) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel, scheduler: Scheduler, runner: ModelRunner,
+                 kv_bytes_per_block: int, governor: Any = None) -> None:
         self.config = config
-        self.parts = parts
-        self.scheduler = scheduler
-        self.runner = parts.runner
+        self.loaded = loaded  # the weights (a restart reuses them)
+        self.scheduler = scheduler  # its config and cache_config are the derived ones
+        self.runner = runner
+        self.kv_bytes_per_block = kv_bytes_per_block
         self.governor = governor  # engine.cpu_threads.CoreGovernor (CPU, default thread count)
-        self.info = _info(config, parts)
+        self.info = _info(self)
 
     # ---- requests -----------------------------------------------------------------
 
@@ -58,7 +62,7 @@ class EngineCore:
         "prefix_cache"``). Raises (and changes nothing) for a prompt that cannot fit,
         a full queue or an id in use."""
         req = Request(r.request_id, r.prompt_token_ids, r.params, arrival_time=r.arrival_time,
-                      eos_token_ids=self.parts.loaded.spec.eos_token_ids, seed=r.seed,
+                      eos_token_ids=self.loaded.spec.eos_token_ids, seed=r.seed,
                       client=r.client)
         return [s.request_id for s in self.scheduler.add_request(req)[1:]]
 
@@ -86,13 +90,12 @@ class EngineCore:
             model_output, fault = self._execute(out)
             if gov is not None:
                 gov.stepped()
-            core_outputs = sched.update_from_output(out, model_output)
+            done = sched.update_from_output(out, model_output)
         except Exception as exc:
             # A fault outside the forward: the step did not close, its events wait.
-            return CoreStep(None, time.time(), [], [], None, self._fail_held(exc))
-        events = sched.log.drain()
-        return CoreStep(core_outputs.step, core_outputs.scheduled_at, core_outputs.outputs, events,
-                        sched.pool_summary() if summary else None, fault)
+            return CoreStep(None, time.time(), [], fault=self._fail_held(exc))
+        return dataclasses.replace(done, events=sched.log.drain(),
+                                   summary=sched.pool_summary() if summary else None, fault=fault)
 
     def _execute(self, out: SchedulerOutput) -> tuple[ModelRunnerOutput, StepFault | None]:
         try:
@@ -192,7 +195,7 @@ class EngineCore:
         sched = self.scheduler
         counts = sched.log.counts
         figures = sched.pool_summary().figures()
-        cache = self.parts.cache_config
+        cache = sched.cache_config
         return {
             "num_blocks": cache.num_blocks,
             "block_size": cache.block_size,
@@ -213,7 +216,7 @@ class EngineCore:
 
     def restart(self, options: dict[str, Any], limits: dict[str, int] | None = None) -> CoreStep | None:
         """Become the core ``options`` make of this one's config, on the loaded weights
-        (only the pool and the scheduler change). The new parts are built first: a
+        (only the pool and the scheduler change). The new core is built first: a
         refused or failing config raises and leaves this core serving as it was. Then
         every request is aborted and, when that left events, one last step publishes
         them into the old run; that step is returned, and ``info`` is the new core's."""
@@ -222,8 +225,8 @@ class EngineCore:
         new = rebuilt(self, options, limits)
         self.abort_requests(list(self.scheduler.requests))
         closing = self.step() if self.has_pending_events() else None
-        self.config, self.parts, self.scheduler, self.runner = new.config, new.parts, new.scheduler, new.runner
-        self.governor, self.info = new.governor, new.info
+        self.config, self.scheduler, self.runner = new.config, new.scheduler, new.runner
+        self.kv_bytes_per_block, self.governor, self.info = new.kv_bytes_per_block, new.governor, new.info
         return closing
 
     def alive(self) -> bool:
@@ -233,20 +236,20 @@ class EngineCore:
         """Nothing runs beside the core (a process client stops its child here)."""
 
 
-def _info(config: EngineConfig, parts: EngineParts) -> CoreInfo:
-    loaded, cache, sched = parts.loaded, parts.cache_config, parts.scheduler_config
+def _info(core: EngineCore) -> CoreInfo:
+    loaded, cache, sched, per_block = core.loaded, core.scheduler.cache_config, core.scheduler.config, \
+        core.kv_bytes_per_block
     spec = loaded.spec
-    d = config.to_dict()
+    d = core.config.to_dict()
     d.update(
         model_name=spec.name, architecture=spec.architecture, device=str(loaded.device),
-        dtype=str(loaded.dtype).replace("torch.", ""), attention_backend=parts.runner.backend.name,
+        dtype=str(loaded.dtype).replace("torch.", ""), attention_backend=core.runner.backend.name,
         block_size=cache.block_size, num_blocks=cache.num_blocks, max_model_len=sched.max_model_len,
-        max_num_batched_tokens=sched.max_num_batched_tokens, kv_bytes_per_block=parts.kv_bytes_per_block,
+        max_num_batched_tokens=sched.max_num_batched_tokens, kv_bytes_per_block=per_block,
         tokenizer_file=_tokenizer_file(loaded.weights_dir),
     )
-    return CoreInfo(d, str(loaded.weights_dir), spec.vocab_size, spec.max_position_embeddings,
-                    sched.max_model_len, cache.num_blocks, cache.block_size, sched.max_num_seqs,
-                    sched.max_num_batched_tokens, parts.kv_bytes_per_block, loaded.device.type)
+    return CoreInfo(d, str(loaded.weights_dir), spec.vocab_size, sched.max_model_len, cache.num_blocks,
+                    cache.block_size, sched.max_num_seqs, sched.max_num_batched_tokens, per_block)
 
 
 def _tokenizer_file(weights_dir) -> str | None:

@@ -3,9 +3,9 @@
 vLLM's seam (``vllm/v1/engine/__init__.py``): an ``EngineCoreRequest`` (token ids and
 sampling params, never text) goes in; per step the core answers with each scheduled
 request's new token (``EngineCoreOutput``, no text, no token history), the step's events
-and the pool summary (``CoreStep``). Everything a step sends is what the step did, so a
-message grows with the step's new tokens and blocks, never with how long a request has
-run (tests/engine_core/test_wire.py holds that).
+and the pool summary (``CoreStep``, ``engine.core.core_step``). Everything a step sends
+is what the step did, so a message grows with the step's new tokens and blocks, never
+with how long a request has run (tests/engine/test_engine_core.py holds that).
 
 The in-process client hands these values over as they are; the process client sends
 them as msgspec msgpack (``encode`` / ``decode_*`` below). Events are frozen
@@ -21,15 +21,14 @@ from typing import Any
 
 import msgspec
 
-from engine.core.engine_core_output import EngineCoreOutput
+from engine.core.core_step import CoreStep, EngineCoreOutput, StepFault
 from engine.core.errors import (
     ConfigError, EmptyPromptError, KVCacheTooSmallError, KVScopeError, PromptTooLongError,
     QueueFullError, SamplingParamsError,
 )
 from engine.core.sampling_params import SamplingParams
 from engine.events.metrics.pool_summary import PoolSummary
-from engine.events.schema.types import EVENT_TYPES, Event
-from engine.engine_core.step_isolation import StepFault
+from engine.events.schema.types import EVENT_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,31 +52,12 @@ class CoreInfo:
     describe: dict[str, Any]
     weights_dir: str
     vocab_size: int
-    max_position_embeddings: int
     max_model_len: int
     num_blocks: int
     block_size: int
     max_num_seqs: int
     max_num_batched_tokens: int
     kv_bytes_per_block: int
-    device: str
-
-
-@dataclass(frozen=True, slots=True)
-class CoreStep:
-    """One ``EngineCore.step``: ``step`` is the step it closed (None: a fault before the
-    step closed failed its requests, and their events wait for the next step);
-    ``scheduled_at`` when it was scheduled (time.time()); one output per scheduled
-    request; the step's events (empty when the engine keeps none); the pool summary
-    (None unless asked for); ``fault``: a forward or step that raised, with the
-    requests failed for it."""
-
-    step: int | None
-    scheduled_at: float
-    outputs: list[EngineCoreOutput]
-    events: list[Event]
-    summary: PoolSummary | None = None
-    fault: StepFault | None = None
 
 
 # ---- commands (engine -> core process) ----------------------------------------------

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 from engine.core import ConfigError
@@ -53,24 +51,22 @@ def rebuilt(old: EngineCore, options: dict[str, Any], limits: dict[str, int] | N
 
     bounds = RestartLimits(**limits) if limits is not None else RestartLimits.of(old.info)
     cfg = dataclasses.replace(old.config, **options)
-    loaded = old.parts.loaded
+    loaded = old.loaded
     per_block = loaded.spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
     if cfg.num_kv_blocks is None:  # "the default" is what the operator's budget holds, never more
         cfg = dataclasses.replace(cfg, num_kv_blocks=min(bounds.num_blocks, bounds.pool_bytes // per_block))
-    check_restart(cfg, loaded.spec.max_position_embeddings, bounds, per_block)
+    check_restart(cfg, bounds, per_block)
     # Reuse the loaded weights: only the pool and the scheduler change. The new
-    # pool is allocated before the old one is dropped, so a bad config leaves
-    # the old core serving (at the price of both pools for a moment).
+    # pool is allocated before the old one is dropped, so a bad config (one past the
+    # model's positions too: build_engine_core's check) leaves the old core serving
+    # (at the price of both pools for a moment).
     return build_engine_core(cfg, loaded=loaded)
 
 
-def check_restart(cfg: EngineConfig, limit: int, limits: RestartLimits, per_block: int) -> None:
+def check_restart(cfg: EngineConfig, limits: RestartLimits, per_block: int) -> None:
     """Refuse restarts a client should not be able to ask for: a pool bigger than the
     operator's, in bytes or in blocks (block_size 1 made 2M blocks and blocked the engine
-    for 19 s), a scheduler wider than the operator's, and positions past the model's own
-    limit (garbage)."""
-    if cfg.max_model_len is not None and cfg.max_model_len > limit:
-        raise ConfigError(f"max_model_len {cfg.max_model_len} exceeds the model's {limit} positions")
+    for 19 s) and a scheduler wider than the operator's."""
     if cfg.block_size < limits.min_block_size:
         raise ConfigError(f"block_size {cfg.block_size} is below this server's minimum of "
                           f"{limits.min_block_size}")

@@ -24,7 +24,6 @@ from engine.core import (
     ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput,
 )
 from engine.engine_core.core import EngineCore
-from engine.engine_core.parts import EngineParts
 from engine.model.attention import select_backend
 from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
@@ -156,7 +155,7 @@ def build_engine_core(cfg: EngineConfig, loaded: LoadedModel | None = None) -> E
         num_blocks, cfg.block_size, cache.num_slots, num_blocks * per_block / 2**20, source,
         max_len, cache.num_slots / max_len, backend.name)
     governor = cpu_governor(cfg.num_threads) if device.type == "cpu" else None
-    return EngineCore(cfg, EngineParts(loaded, cache, sched, runner, per_block), scheduler, governor)
+    return EngineCore(cfg, loaded, scheduler, runner, per_block, governor)
 
 
 def cpu_governor(num_threads: int | None = None):

@@ -49,25 +49,6 @@ class Piece:
     writes: frozenset[int]  # block ids its new tokens' K/V go to
 
 
-@dataclass(frozen=True, slots=True)
-class RequestFailure:
-    """A request the engine failed because its own piece of a step raised (or read K/V
-    of one that did). ``detail``: what raised, for the submitter and the log."""
-
-    request_id: str  # the user request (a fork's parent), as abort_request takes it
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class StepFault:
-    """A step whose batched forward raised: what raised, and the requests failed for it
-    (none when each ran alone without fault: the batch as a whole was the trouble)."""
-
-    step: int
-    detail: str
-    failures: list[RequestFailure]
-
-
 def split_step(out: SchedulerOutput, block_size: int) -> list[Piece]:
     """The step's scheduled requests as one-request steps, in scheduled order."""
     tables = [set(s.block_table) for s in out.scheduled]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from engine.model.checkpoint import open_checkpoint
 from engine.model.gguf_cache import DEFAULT_MODEL, default_gguf_path, ensure_dequantized
 from engine.model.registry import model_class
 from engine.model.spec import ModelSpec
+from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +38,18 @@ class LoadedModel:
     """A model ready to run, with everything the engine needs alongside it."""
 
     model: CausalLM
-    tokenizer: Any  # transformers tokenizer (fast)
     hf_config: Any
     spec: ModelSpec
     dtype: torch.dtype
     device: torch.device
     weights_dir: Path  # the HF directory the weights were read from
     weight_format: str = "float32"  # how linear weights are stored: float32 / bfloat16 / int8 (CPU)
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The directory's tokenizer, read on first use (lessons and benchmarks build
+        prompts with it; the core never does: it takes token ids)."""
+        return Tokenizer(self.weights_dir)
 
 
 def resolve_model_dir(model: str, cache_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
@@ -103,9 +110,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device, config: Any) -
     return dtype
 
 
-def _eos_ids(config: Any, tokenizer: Any, weights_dir: Path) -> tuple[int, ...]:
+def _eos_ids(config: Any, weights_dir: Path) -> tuple[int, ...]:
     # Union of config, generation config and tokenizer eos, in that order: chat models
-    # often end turns with a token only one of them names.
+    # often end turns with a token only one of them names. The tokenizer's is read from
+    # its files (engine.tokenizer: no tokenizer is loaded for the core).
     found: list[int] = []
 
     def add(value: Any) -> None:
@@ -118,7 +126,7 @@ def _eos_ids(config: Any, tokenizer: Any, weights_dir: Path) -> tuple[int, ...]:
         from transformers import GenerationConfig
 
         add(GenerationConfig.from_pretrained(str(weights_dir)).eos_token_id)
-    add(getattr(tokenizer, "eos_token_id", None))
+    add(Tokenizer(weights_dir).eos_token_id)
     return tuple(found)
 
 
@@ -140,7 +148,7 @@ def _max_positions(config: Any) -> int:
     return limit
 
 
-def build_spec(name: str, config: Any, model: CausalLM, tokenizer: Any, weights_dir: Path) -> ModelSpec:
+def build_spec(name: str, config: Any, model: CausalLM, weights_dir: Path) -> ModelSpec:
     """The ModelSpec for a loaded model."""
     heads = config.num_attention_heads
     return ModelSpec(
@@ -152,7 +160,7 @@ def build_spec(name: str, config: Any, model: CausalLM, tokenizer: Any, weights_
         head_dim=model.head_dim,
         hidden_size=config.hidden_size,
         vocab_size=config.vocab_size,
-        eos_token_ids=_eos_ids(config, tokenizer, weights_dir),
+        eos_token_ids=_eos_ids(config, weights_dir),
         bos_token_id=getattr(config, "bos_token_id", None),
         max_position_embeddings=_max_positions(config),
     )
@@ -166,11 +174,11 @@ def load_model(
     cache_dir: str | os.PathLike | None = None,
     quantization: str | None = None,
 ) -> LoadedModel:
-    """Load weights, tokenizer and config; the model is ready for paged forwards.
+    """Load weights and config; the model is ready for paged forwards.
 
     ``quantization="int8"`` or ``dtype="bfloat16"`` on the CPU store the linear
     weights in that format and compute in float32 (kernels/cpu_linear.py)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     device = torch.device(device)
     weight_format = resolve_weight_format(dtype, quantization, device)
@@ -186,8 +194,5 @@ def load_model(
     net = net.to(device).eval()
     if weight_format != "float32":
         net.reduce_precision(weight_format)
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(weights_dir), trust_remote_code=trust_remote_code
-    )
-    spec = build_spec(name, config, net, tokenizer, weights_dir)
-    return LoadedModel(net, tokenizer, config, spec, torch_dtype, device, weights_dir, weight_format)
+    spec = build_spec(name, config, net, weights_dir)
+    return LoadedModel(net, config, spec, torch_dtype, device, weights_dir, weight_format)

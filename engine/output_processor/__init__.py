@@ -1,7 +1,7 @@
 """The output processor: per-step core outputs → text, stop strings, timings, RequestOutputs.
 
 ``processor`` holds the OutputProcessor, ``request_state`` what it keeps per request,
-``detokenizer`` the incremental detokenizers.
+``detokenizer`` the incremental detokenizer.
 """
 
 from engine.output_processor.processor import OutputProcessor, ProcessedOutputs

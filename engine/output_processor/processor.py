@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core.engine_core_output import EngineCoreOutputs
+from engine.core.core_step import CoreStep
 from engine.core.errors import KVScopeError
 from engine.core.sampling_params import SamplingParams
 from engine.events.metrics.step_metrics import LatencyObservations
@@ -45,9 +45,6 @@ class OutputProcessor:
         self.requests: dict[str, RequestState] = {}  # by user request id, until finished
         self._finished_stats: list[FinishedRequestStats] = []  # aborts, for the next step
 
-    def has_request(self, request_id: str) -> bool:
-        return request_id in self.requests
-
     def new_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, arrival_time: float) -> RequestState:
         """Build a request's state (detokenizer included) without entering it yet, so
@@ -76,7 +73,7 @@ class OutputProcessor:
         self._finished_stats.append(state.finished_stats())
         return state.output(), core_ids
 
-    def process_outputs(self, core: EngineCoreOutputs, now: float | None = None) -> ProcessedOutputs:
+    def process_outputs(self, core: CoreStep, now: float | None = None) -> ProcessedOutputs:
         """Fold one step's core outputs into the request states; the only loop over them."""
         now = time.time() if now is None else now
         touched: dict[str, RequestState] = {}

@@ -16,7 +16,7 @@ from typing import Any
 from engine.core.model_runner_output import SampledToken
 from engine.core.sampling_params import SamplingParams
 from engine.events.metrics.request_stats import FinishedRequestStats, FirstTokenStats
-from engine.output_processor.detokenizer import IncrementalDetokenizer, make_detokenizer
+from engine.output_processor.detokenizer import IncrementalDetokenizer
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 
@@ -131,7 +131,7 @@ class RequestState:
         """Sample ``index``, made on its first output (fork children appear at the fork)."""
         s = self.samples.get(index)
         if s is None:
-            det = make_detokenizer(self.tokenizer, self.params.skip_special_tokens)
+            det = IncrementalDetokenizer(self.tokenizer, self.params.skip_special_tokens)
             s = self.samples[index] = SampleState(index, core_request_id, det)
         return s
 

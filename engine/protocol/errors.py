@@ -8,6 +8,10 @@ only, and keeps serving.
 
 from __future__ import annotations
 
+from engine.core.errors import (
+    EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError,
+)
+
 
 class ErrorCode:
     """Values of ``error.code`` (strings on the wire)."""
@@ -42,3 +46,11 @@ class ProtocolError(Exception):
                  op: str | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.request_id, self.op = code, message, request_id, op
+
+
+def code_of(exc: KVScopeError) -> str:
+    """The ``error.code`` of an engine refusal (the front door's check and the engine's)."""
+    return (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
+            ErrorCode.EMPTY_PROMPT if isinstance(exc, EmptyPromptError) else
+            ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else
+            ErrorCode.BAD_PARAMS if isinstance(exc, SamplingParamsError) else ErrorCode.BAD_REQUEST)

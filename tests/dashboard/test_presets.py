@@ -172,7 +172,7 @@ def test_presets_on_a_real_engine_show_their_effect_and_paged_runs_at_least_as_m
         engine = first
         if w.restart is not None:  # what the preset's one-click restart does
             engine = build_engine(EngineConfig(**{**first.config.to_dict(), **w.restart}),
-                                  loaded=first.engine_core.parts.loaded)
+                                  loaded=first.engine_core.loaded)
             w = PRESETS[key](engine.describe(), tokens)
             assert w.restart is None
         records, ids = _run(engine, w, key)

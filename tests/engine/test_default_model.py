@@ -23,15 +23,15 @@ def llm():
 def test_greedy_equals_transformers_on_three_chats(llm):
     from transformers import AutoModelForCausalLM
 
-    weights = llm.engine.engine_core.parts.loaded.weights_dir
+    weights = llm.engine.engine_core.loaded.weights_dir
     hf = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32).eval()
     ours = llm.chat(CHATS, SamplingParams(temperature=0, max_tokens=32))
     for out in ours:
         ids = torch.tensor([out.prompt_token_ids])
         with torch.inference_mode():
             ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                              max_new_tokens=32, eos_token_id=list(llm.engine.engine_core.parts.loaded.spec.eos_token_ids),
-                              pad_token_id=llm.engine.engine_core.parts.loaded.spec.eos_token_ids[0])
+                              max_new_tokens=32, eos_token_id=list(llm.engine.engine_core.loaded.spec.eos_token_ids),
+                              pad_token_id=llm.engine.engine_core.loaded.spec.eos_token_ids[0])
         assert len(out.outputs[0].token_ids) == 32  # the prompts ask for long answers
         assert out.outputs[0].token_ids == ref[0, ids.shape[1]:].tolist()
 

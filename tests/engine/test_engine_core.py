@@ -108,7 +108,7 @@ def test_a_step_message_does_not_grow_with_the_text_generated(tiny_llama):
     finally:
         eng.close()
     early = max(per_step[20:60])  # decode steps across several blocks (a block's events included)
-    assert early < 1200  # one token, its logprob, the step's events and the pool summary (~830 B)
+    assert early < 1200  # one token, its logprob, the step's events and the pool summary (~820 B)
     # 60 tokens in or 399: the same size, to what msgpack's ints take (a count or token id
     # past 127 or 255 takes 1-2 bytes more; a block's 16 token ids up to 32). The last step
     # frees the request's 27 blocks: that is what it did.

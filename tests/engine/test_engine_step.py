@@ -167,7 +167,7 @@ def test_the_attention_plan_is_built_once_per_step(tiny_llama, monkeypatch):
     real = attention.build_plan
     monkeypatch.setattr(attention, "build_plan", lambda *a: calls.append(1) or real(*a))
     eng = _engine(tiny_llama)
-    assert eng.engine_core.parts.loaded.spec.num_layers > 1
+    assert eng.engine_core.loaded.spec.num_layers > 1
     eng.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=4))
     eng.add_request(PROMPT[:5], SamplingParams(temperature=0, max_tokens=4))
     steps = 0
@@ -227,13 +227,13 @@ def test_streamed_deltas_concatenate_to_the_final_text(tiny_llama):
 def test_the_default_cpu_pool_is_capped_at_max_num_seqs_full_sequences(tiny_llama, caplog):
     with caplog.at_level(logging.INFO, logger="engine.engine_core.startup"):
         eng = build_engine(EngineConfig(model=tiny_llama, block_size=4, max_model_len=64, max_num_seqs=8))
-    per_block = eng.engine_core.parts.kv_bytes_per_block
+    per_block = eng.engine_core.kv_bytes_per_block
     assert DEFAULT_CPU_KV_BYTES // per_block > 100_000  # the uncapped 1 GiB pool of a tiny model
-    assert eng.engine_core.parts.cache_config.num_blocks == 8 * 64 // 4 == 128
+    assert eng.engine_core.scheduler.cache_config.num_blocks == 8 * 64 // 4 == 128
     assert "maximum concurrency for 64 tokens per request: 8.00x" in caplog.text
     assert "capped at what max_num_seqs=8 full-length sequences use" in caplog.text
     # a model whose 1 GiB pool is smaller than that keeps the 1 GiB pool
     assert default_cpu_blocks(737_280, 16, 2048, 64) == DEFAULT_CPU_KV_BYTES // 737_280 == 1456
     # an explicit size is never capped
-    assert _engine(tiny_llama, num_kv_blocks=300, max_num_seqs=1).engine_core.parts.cache_config.num_blocks == 300
+    assert _engine(tiny_llama, num_kv_blocks=300, max_num_seqs=1).engine_core.scheduler.cache_config.num_blocks == 300
 

@@ -21,7 +21,7 @@ def references(tiny_dirs):
     out = {}
     for kind, path in tiny_dirs.items():
         llm = LLM(model=path, num_kv_blocks=64, block_size=16, max_model_len=128)
-        eos = llm.engine.engine_core.parts.loaded.spec.eos_token_ids
+        eos = llm.engine.engine_core.loaded.spec.eos_token_ids
         out[kind] = [hf_greedy(path, p, MAX_NEW, eos) for p in PROMPTS]
     return out
 
@@ -79,5 +79,5 @@ def test_decodes_over_a_cached_shared_prompt_use_cascade_and_match(tiny_dirs, mo
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW))
     assert [o.num_cached_tokens for o in outs] == [0, 20, 20, 20, 20]
     assert groups and max(groups) == 5  # all five, the first one included, share the prefix
-    eos = llm.engine.engine_core.parts.loaded.spec.eos_token_ids
+    eos = llm.engine.engine_core.loaded.spec.eos_token_ids
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(path, p, MAX_NEW, eos) for p in prompts]

@@ -127,7 +127,7 @@ def test_kv_budget_too_small_says_what_to_change(tiny_llama):
 def test_float16_on_cpu_falls_back_with_warning(tiny_llama, caplog):
     with caplog.at_level(logging.WARNING):
         llm = LLM(model=tiny_llama, dtype="float16", num_kv_blocks=64, max_model_len=64)
-    assert "float32" in str(llm.engine.engine_core.parts.loaded.dtype)
+    assert "float32" in str(llm.engine.engine_core.loaded.dtype)
     assert any("float32" in r.getMessage() for r in caplog.records)
 
 

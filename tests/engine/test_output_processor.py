@@ -7,11 +7,11 @@ same processor runs inside the engine (tests/engine/test_engine_step.py)."""
 import random
 
 import pytest
-from transformers import AutoTokenizer
 
-from engine.core import EngineCoreOutput, EngineCoreOutputs, SampledToken, SamplingParams
+from engine.core import CoreStep, EngineCoreOutput, SampledToken, SamplingParams
 from engine.output_processor import OutputProcessor
-from engine.output_processor.detokenizer import FastDetokenizer, SlowDetokenizer
+from engine.output_processor.detokenizer import IncrementalDetokenizer
+from engine.tokenizer import Tokenizer
 
 # 2-, 3- and 4-byte UTF-8 characters; the tiny vocabulary has one token per byte for them
 TEXT = "héllo 日本語 ok — ✓ 𝄞!"
@@ -19,7 +19,7 @@ TEXT = "héllo 日本語 ok — ✓ 𝄞!"
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_llama):
-    return AutoTokenizer.from_pretrained(tiny_llama)
+    return Tokenizer(tiny_llama)
 
 
 def _run(tokenizer, ids, params, finish="length", rid="r"):
@@ -32,9 +32,9 @@ def _run(tokenizer, ids, params, finish="length", rid="r"):
         last = i == len(ids) - 1
         o = EngineCoreOutput(rid, None, 0, SampledToken(t, -0.5 if params.logprobs is not None else None,
                                                            ((t, -0.5),) if params.logprobs else None),
-                             finish if last else None, None, 3, 0, 0)
-        steps.append(proc.process_outputs(EngineCoreOutputs(i + 1, 0.5, [o]), now=1.0 + i))
-        if not proc.has_request(rid):
+                             finish if last else None, None, 0, 0)
+        steps.append(proc.process_outputs(CoreStep(i + 1, 0.5, [o]), now=1.0 + i))
+        if rid not in proc.requests:
             break
     return proc, steps
 
@@ -57,15 +57,14 @@ def test_characters_split_across_tokens_stream_whole(tokenizer):
     assert "𝄞" in deltas
 
 
-@pytest.mark.parametrize("kind", [FastDetokenizer, SlowDetokenizer])
 @pytest.mark.parametrize("skip", [True, False])
-def test_detokenizers_equal_a_full_decode_on_any_ids(tokenizer, kind, skip):
+def test_the_detokenizer_equals_a_full_decode_on_any_ids(tokenizer, skip):
     """Random ids (specials, stray continuation bytes, truncated characters) included:
     the pieces plus the final flush are exactly ``decode`` of the whole sequence."""
     rng = random.Random(7)
     for _ in range(200):
         ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 30))]
-        det = kind(tokenizer, skip)
+        det = IncrementalDetokenizer(tokenizer, skip)
         text = "".join(det.add(i) for i in ids) + det.flush()
         assert text == tokenizer.decode(ids, skip_special_tokens=skip), ids
 
@@ -81,7 +80,7 @@ def test_stop_string_is_cut_and_never_streamed(tokenizer):
     assert [p.reqs_to_stop for p in steps].count(["r"]) == 1 and steps[-1].reqs_to_stop == ["r"]
     # its tokens are the ones up to the token that completed the match
     n = len(tokenizer.encode("héllo 日本語", add_special_tokens=False))
-    assert len(c.token_ids) == n and not proc.has_request("r")
+    assert len(c.token_ids) == n and "r" not in proc.requests
 
 
 def test_stop_string_kept_when_asked(tokenizer):
@@ -141,8 +140,8 @@ def test_a_stop_tokens_text_is_left_out_as_vllm_does(tokenizer, include):
     for i, t in enumerate(ids):
         last = i == len(ids) - 1
         o = EngineCoreOutput("r", None, 0, SampledToken(t), "stop" if last else None, stop if last else None,
-                             3, 0, num_preemptions=2 if i >= 2 else 0)
-        p = proc.process_outputs(EngineCoreOutputs(i + 1, 0.5, [o]), now=1.0 + i)
+                             0, num_preemptions=2 if i >= 2 else 0)
+        p = proc.process_outputs(CoreStep(i + 1, 0.5, [o]), now=1.0 + i)
     out = p.request_outputs[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop and out.token_ids == ids
     assert out.text == ("ok, fine!" if include else tokenizer.decode(ids[:-1]))

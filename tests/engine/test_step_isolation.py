@@ -12,7 +12,7 @@ from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.events.folds.pool_state import PoolState
 from engine.llm_engine import build_engine
-from engine.engine_core.step_isolation import RequestFailure
+from engine.core.core_step import RequestFailure
 
 POISON = 250
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -62,7 +62,7 @@ def test_loads_with_reduced_weights_close_to_float32(kind, fmt):
 @pytest.mark.parametrize("kw", [{"quantization": "int8"}, {"dtype": "bfloat16"}])
 def test_llm_generates_with_reduced_weights(kw):
     llm = LLM(str(tiny_model_dir("llama")), device="cpu", num_kv_blocks=32, max_model_len=128, **kw)
-    assert llm.engine.engine_core.parts.loaded.weight_format == kw.get("quantization", "bfloat16")
+    assert llm.engine.engine_core.loaded.weight_format == kw.get("quantization", "bfloat16")
     out = llm.generate([[5, 6, 7, 8], [9, 10, 11]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
 

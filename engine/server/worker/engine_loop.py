@@ -37,9 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.core import (
-    EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError,
-)
+from engine.core import KVScopeError
 from engine.engine_core.client import CoreDied, LoadStopped
 from engine.engine_core.memory_hygiene import Trimmer, freeze_heap
 from engine.engine_core.progress import ProgressCapture
@@ -48,7 +46,7 @@ from engine.events.schema.step import StepRecord
 from engine.events.schema.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.protocol.errors import ErrorCode, ProtocolError, code_of
 from engine.protocol.messages import Accepted, Error, Hello, Ok, Snapshot
 from engine.protocol.ops import Abort, AbortAll, ResetPrefixCache, Restart, Submit, TakeSnapshot
 from engine.server.worker.health import Health, HealthBoard, Status
@@ -285,15 +283,10 @@ class EngineWorker(threading.Thread):
                 self._reply(sink, Error(exc.code, exc.message, rid, op.type))
                 return
         try:
-            self.engine.add_request(prompt=op.prompt, params=op.params, request_id=rid,
-                                    messages=op.messages, tokenized=(cmd.text, cmd.token_ids),
+            self.engine.add_request(params=op.params, request_id=rid, tokenized=(cmd.text, cmd.token_ids),
                                     client=sink.client_key())
         except KVScopeError as exc:
-            code = (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
-                    ErrorCode.EMPTY_PROMPT if isinstance(exc, EmptyPromptError) else
-                    ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else
-                    ErrorCode.BAD_PARAMS if isinstance(exc, SamplingParamsError) else ErrorCode.BAD_REQUEST)
-            self._reply(sink, Error(code, str(exc), rid, op.type))
+            self._reply(sink, Error(code_of(exc), str(exc), rid, op.type))
             return
         except Exception as exc:  # nothing known raises here now; never fatal if something does
             self._reply(sink, Error(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, op.type))

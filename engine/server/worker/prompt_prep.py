@@ -33,8 +33,8 @@ import copy
 from typing import Any
 
 from engine.core.config import check_prompt_length
-from engine.core.errors import EmptyPromptError, KVScopeError, PromptTooLongError
-from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.core.errors import KVScopeError
+from engine.protocol.errors import ErrorCode, ProtocolError, code_of
 from engine.protocol.ops import Submit
 from engine.server.worker.mailbox import Prepared
 from engine.tokenizer import tokenize_prompt
@@ -65,7 +65,7 @@ class PromptPrep:
 
     @property
     def max_prompt_bytes(self) -> int:
-        slack = NORMALIZER_SLACK if _normalizer(self.tokenizer) is not None else 1
+        slack = NORMALIZER_SLACK if self.tokenizer.backend_tokenizer.normalizer is not None else 1
         return self.max_model_len * self.max_token_bytes * slack
 
     def prepare(self, op: Submit) -> Prepared:
@@ -73,10 +73,8 @@ class PromptPrep:
         prepared = self.tokenized(op)
         try:
             check_prompt_length(len(prepared.token_ids), self.max_model_len)
-        except PromptTooLongError as exc:
-            raise ProtocolError(ErrorCode.PROMPT_TOO_LONG, str(exc), op.request_id, op.type) from None
-        except EmptyPromptError as exc:
-            raise ProtocolError(ErrorCode.EMPTY_PROMPT, str(exc), op.request_id, op.type) from None
+        except KVScopeError as exc:
+            raise ProtocolError(code_of(exc), str(exc), op.request_id, op.type) from None
         return prepared
 
     def tokenized(self, op: Submit) -> Prepared:
@@ -103,31 +101,17 @@ class PromptPrep:
                          f"than {limit} bytes fits in max_model_len={self.max_model_len} (a token "
                          f"covers at most {self.max_token_bytes} bytes)")
         try:
-            text, ids = self._tokenize(op)
-        except ProtocolError:
-            raise
+            text, ids = tokenize_prompt(self.tokenizer, self.vocab_size, op.prompt, op.messages)
+        except KVScopeError as exc:  # token ids out of the vocabulary
+            raise refuse(ErrorCode.BAD_REQUEST, str(exc)) from None
         except Exception as exc:  # a template or tokenizer that rejects this input
             raise refuse(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}") from None
         return Prepared(op, text, ids)
 
-    def _tokenize(self, op: Submit) -> tuple[str | None, list[int]]:
-        try:
-            return tokenize_prompt(self.tokenizer, self.vocab_size, op.prompt, op.messages)
-        except KVScopeError as exc:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, str(exc), op.request_id, op.type) from None
-
 
 def longest_token_bytes(tokenizer: Any) -> int:
-    """The most UTF-8 bytes any one token decodes to (SmolLM2: 81, a run of spaces)."""
-    n = len(tokenizer)
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:  # one Rust call for the whole vocabulary (~0.1 s for 49k)
-        texts = backend.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
-    else:
-        texts = [tokenizer.decode([i]) for i in range(n)]
+    """The most UTF-8 bytes any one token decodes to (SmolLM2: 81, a run of spaces): one
+    Rust call for the whole vocabulary (~0.1 s for 49k)."""
+    texts = tokenizer.backend_tokenizer.decode_batch([[i] for i in range(len(tokenizer))],
+                                                     skip_special_tokens=False)
     return max(1, max(len(t.encode("utf-8", "surrogatepass")) for t in texts))
-
-
-def _normalizer(tokenizer: Any) -> Any:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    return backend.normalizer if backend is not None else object()  # unknown: assume one
