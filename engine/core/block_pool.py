@@ -127,19 +127,34 @@ class BlockPool:
         q = self.free_queue
         if n > q._len:
             raise IndexError("no free block")
+        if self.log.enabled:
+            return [self.take() for _ in range(n)]
+        # a free block has no reference: an evicted one leaves num_cached_free
         out: list[Block] = []
+        cached, on_uncached, removed = self.cached, self._on_uncached, self.removed
+        evicted = 0
         head = q._head
         b = head.next
         for _ in range(n):
             nxt = b.next
             b.prev = b.next = None
-            if b.hash is not None:
-                self.uncache(b, EvictionReason.REUSE)
+            h = b.hash
+            if h is not None:  # uncache(b, REUSE), inline
+                del cached[h]
+                if on_uncached is not None:
+                    on_uncached(b)
+                if removed is not None:
+                    removed.append(h)
+                b.hash = b.parent_hash = b.token_ids = None
+                evicted += 1
             b.ref_count = 1
             out.append(b)
             b = nxt
         head.next, b.prev = b, head
         q._len -= n
+        self.num_cached_free -= evicted
+        for _ in range(evicted):
+            self.log.counts.count_evicted(EvictionReason.REUSE)
         return out
 
     def touch(self, b: Block) -> None:
@@ -207,6 +222,37 @@ class BlockPool:
         if self.stored is not None:
             self.stored.append(block_hash)
         return True
+
+    def cache_run(self, table: list[Block], hashes: list[str], start: int, end: int,
+                  token_ids: list[int], block_size: int) -> list[Block]:
+        """``cache`` blocks ``table[start:end]``: block i with ``hashes[i]`` (its parent
+        ``hashes[i - 1]``) and its tokens. Returns the blocks that got their hash."""
+        out: list[Block] = []
+        parent = hashes[start - 1] if start else None
+        if self.log.enabled:
+            for i in range(start, end):
+                b, h = table[i], hashes[i]
+                if self.cache(b, h, parent, tuple(token_ids[i * block_size:(i + 1) * block_size])):
+                    out.append(b)
+                parent = h
+            return out
+        cached, on_cached, stored = self.cached, self._on_cached, self.stored
+        newly_free = 0
+        for i in range(start, end):
+            b, h = table[i], hashes[i]
+            if b.hash is None and h not in cached:  # cache(b, h, ...), inline
+                b.hash, b.parent_hash = h, parent
+                b.token_ids = tuple(token_ids[i * block_size:(i + 1) * block_size])
+                cached[h] = b
+                newly_free += b.ref_count == 0
+                if on_cached is not None:
+                    on_cached(b)
+                if stored is not None:
+                    stored.append(h)
+                out.append(b)
+            parent = h
+        self.num_cached_free += newly_free
+        return out
 
     def uncache(self, b: Block, reason: EvictionReason) -> None:
         """Drop a block's hash (``reason``: reuse, reset or rollback); it keeps its place."""

@@ -243,13 +243,7 @@ class KVCacheManager:
         hashes = self.hashes.setdefault(rid, [])
         if len(hashes) < full:
             self.hasher.full_blocks(req.token_ids, bs, hashes, num_blocks=full)
-        tokens, cache, computed_later = req.token_ids, self.pool.cache, self.cached_this_step.append
-        parent = hashes[start - 1] if start else None
-        for i in range(start, full):
-            b, h = table[i], hashes[i]
-            if cache(b, h, parent, tuple(tokens[i * bs:(i + 1) * bs])):
-                computed_later(b)
-            parent = h
+        self.cached_this_step.extend(self.pool.cache_run(table, hashes, start, full, req.token_ids, bs))
         self.num_hashed[rid] = full
 
     def fork(self, parent: Request, child: Request) -> None:
