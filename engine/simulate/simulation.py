@@ -119,13 +119,13 @@ def _sub(a: float | None, b: float) -> float | None:
 
 def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None) -> SimResult:
     keep = cfg.keep_events or recorder is not None
-    pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep) for k in range(cfg.num_pods)]
-    for p in pods:
-        p.fleet = pods
-    rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None
-    router = ROUTERS[cfg.router](cfg.num_pods, cfg.cache.block_size, **cfg.router_args)
-    times = [RequestTimes(0, 0.0) for _ in trace.requests]
-    with _no_cycle_collector():
+    with _no_cycle_collector():  # from the pools' blocks on (a sweep's pods: millions)
+        pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep) for k in range(cfg.num_pods)]
+        for p in pods:
+            p.fleet = pods
+        rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None
+        router = ROUTERS[cfg.router](cfg.num_pods, cfg.cache.block_size, **cfg.router_args)
+        times = [RequestTimes(0, 0.0) for _ in trace.requests]
         if cfg.arrivals == "steps":
             _by_steps(trace, pods[0], times, rec)
         else:
@@ -141,8 +141,8 @@ def _no_cycle_collector():
     """Python's cycle collector off for the run, back as it was after. A run makes almost no
     reference cycles, but it holds every queued prompt (a fleet trace's 144M token ids in
     lists) and makes millions of short-lived objects, so the collector kept rescanning
-    the queues: 20-30% of a run's CPU time (bench/RESULTS.md). Whatever cycles the run
-    leaves are collected once it is back on."""
+    the queues: a tenth to a quarter of a run's CPU time (bench/RESULTS.md). Whatever
+    cycles the run leaves are collected once it is back on."""
     was = gc.isenabled()
     gc.disable()
     try:
