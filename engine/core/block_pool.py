@@ -1,9 +1,11 @@
 """The physical block pool: ref counts, the free queue and the hash → block map.
 
 Writer: only the KVCacheManager calls the mutating methods; every change is
-recorded as a protocol event in the shared EventLog. Whoever needs to follow
-hashes as they come and go (the miss-cause book) passes ``on_cached`` /
-``on_uncached``; the pool keeps no bookkeeping of its own for them.
+recorded as a protocol event in the shared EventLog (built only when the log keeps
+events; the counts are kept either way). Whoever needs to follow hashes as they come
+and go (the miss-cause book) passes ``on_cached`` / ``on_uncached``; the pool keeps no
+bookkeeping of its own for them. A simulated pod reads vLLM's KV event feed off
+``stored`` / ``removed`` (lists of hashes, None unless someone set them).
 
 Free-queue policy (as vLLM's): blocks are reused from the head. A block whose
 ref count drops to 0 goes to the head if it has no hash (nothing worth keeping)
@@ -103,6 +105,8 @@ class BlockPool:
         self.num_cached_free = 0  # ref_count 0 with a hash: hittable, evicted LRU
         self._on_cached = on_cached  # called after a block got its hash
         self._on_uncached = on_uncached  # called while the block still holds it
+        self.stored: list[str] | None = None  # hashes cached, in order, when a list is set
+        self.removed: list[str] | None = None  # hashes dropped, in order, when a list is set
 
     @property
     def num_free(self) -> int:
@@ -117,6 +121,42 @@ class BlockPool:
         b.ref_count = 1
         return b
 
+    def take_many(self, n: int) -> list[Block]:
+        """``take()`` ``n`` times (the same blocks, evictions and order), with the queue
+        unlinked once; for a caller that logs no event between the takes."""
+        q = self.free_queue
+        if n > q._len:
+            raise IndexError("no free block")
+        if self.log.enabled:
+            return [self.take() for _ in range(n)]
+        # a free block has no reference: an evicted one leaves num_cached_free
+        out: list[Block] = []
+        cached, on_uncached, removed = self.cached, self._on_uncached, self.removed
+        evicted = 0
+        head = q._head
+        b = head.next
+        for _ in range(n):
+            nxt = b.next
+            b.prev = b.next = None
+            h = b.hash
+            if h is not None:  # uncache(b, REUSE), inline
+                del cached[h]
+                if on_uncached is not None:
+                    on_uncached(b)
+                if removed is not None:
+                    removed.append(h)
+                b.hash = b.parent_hash = b.token_ids = None
+                evicted += 1
+            b.ref_count = 1
+            out.append(b)
+            b = nxt
+        head.next, b.prev = b, head
+        q._len -= n
+        self.num_cached_free -= evicted
+        for _ in range(evicted):
+            self.log.counts.count_evicted(EvictionReason.REUSE)
+        return out
+
     def touch(self, b: Block) -> None:
         """Add a reference to an existing block (prefix hit or fork)."""
         if b.ref_count == 0:
@@ -128,13 +168,37 @@ class BlockPool:
         """Drop one reference; at zero the block joins the free queue."""
         assert b.ref_count > 0, f"releasing {b} with no references"
         b.ref_count -= 1
-        self.log.add(BlockFreed(self.log.step, b.id, request_id, b.ref_count))
+        if self.log.enabled:
+            self.log.add(BlockFreed(self.log.step, b.id, request_id, b.ref_count))
         if b.ref_count == 0:
             if b.hash is None:
                 self.free_queue.appendleft(b)
             else:
                 self.free_queue.append(b)
                 self.num_cached_free += 1
+
+    def release_all(self, blocks: list[Block], request_id: str) -> None:
+        """``release`` each of ``blocks`` in order (a table, tail first)."""
+        if self.log.enabled:
+            for b in blocks:
+                self.release(b, request_id)
+            return
+        q = self.free_queue
+        head, tail = q._head, q._tail
+        for b in blocks:
+            assert b.ref_count > 0, f"releasing {b} with no references"
+            b.ref_count -= 1
+            if b.ref_count == 0:
+                if b.hash is None:  # to the head: reused first
+                    after = head.next
+                    b.prev, b.next = head, after
+                    head.next = after.prev = b
+                else:  # to the tail: evicted least recently used first
+                    before = tail.prev
+                    b.prev, b.next = before, tail
+                    before.next = tail.prev = b
+                    self.num_cached_free += 1
+                q._len += 1
 
     def move_reference(self, b: Block) -> None:
         """A copy-on-write moved one reference from shared ``b`` to a fresh copy. ``b``
@@ -151,10 +215,44 @@ class BlockPool:
         b.hash, b.parent_hash, b.token_ids = block_hash, parent_hash, token_ids
         self.cached[block_hash] = b
         self.num_cached_free += b.ref_count == 0
-        self.log.add(BlockCached(self.log.step, b.id, block_hash, parent_hash, token_ids))
+        if self.log.enabled:
+            self.log.add(BlockCached(self.log.step, b.id, block_hash, parent_hash, token_ids))
         if self._on_cached is not None:
             self._on_cached(b)
+        if self.stored is not None:
+            self.stored.append(block_hash)
         return True
+
+    def cache_run(self, table: list[Block], hashes: list[str], start: int, end: int,
+                  token_ids: list[int], block_size: int) -> list[Block]:
+        """``cache`` blocks ``table[start:end]``: block i with ``hashes[i]`` (its parent
+        ``hashes[i - 1]``) and its tokens. Returns the blocks that got their hash."""
+        out: list[Block] = []
+        parent = hashes[start - 1] if start else None
+        if self.log.enabled:
+            for i in range(start, end):
+                b, h = table[i], hashes[i]
+                if self.cache(b, h, parent, tuple(token_ids[i * block_size:(i + 1) * block_size])):
+                    out.append(b)
+                parent = h
+            return out
+        cached, on_cached, stored = self.cached, self._on_cached, self.stored
+        newly_free = 0
+        for i in range(start, end):
+            b, h = table[i], hashes[i]
+            if b.hash is None and h not in cached:  # cache(b, h, ...), inline
+                b.hash, b.parent_hash = h, parent
+                b.token_ids = tuple(token_ids[i * block_size:(i + 1) * block_size])
+                cached[h] = b
+                newly_free += b.ref_count == 0
+                if on_cached is not None:
+                    on_cached(b)
+                if stored is not None:
+                    stored.append(h)
+                out.append(b)
+            parent = h
+        self.num_cached_free += newly_free
+        return out
 
     def uncache(self, b: Block, reason: EvictionReason) -> None:
         """Drop a block's hash (``reason``: reuse, reset or rollback); it keeps its place."""
@@ -163,5 +261,11 @@ class BlockPool:
         self.num_cached_free -= b.ref_count == 0
         if self._on_uncached is not None:
             self._on_uncached(b)
-        self.log.add(BlockEvicted(self.log.step, b.id, b.hash, reason))
+        if self.removed is not None:
+            self.removed.append(b.hash)
+        log = self.log
+        if log.enabled:
+            log.add(BlockEvicted(log.step, b.id, b.hash, reason))
+        else:
+            log.counts.count_evicted(reason)
         b.hash = b.parent_hash = b.token_ids = None

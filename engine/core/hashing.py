@@ -144,9 +144,26 @@ class BlockHasher:
         return self._fn((parent, tuple(map(int, token_ids)), extra_keys)).hex()
 
     def full_blocks(self, token_ids: Sequence[int], block_size: int, known: list[str],
-                    extra_keys: Any = None) -> list[str]:
-        """Extend ``known`` (hashes of the first blocks) to every full block of ``token_ids``."""
-        for i in range(len(known), len(token_ids) // block_size):
+                    extra_keys: Any = None, num_blocks: int | None = None) -> list[str]:
+        """Extend ``known`` (hashes of the first blocks) to every full block of ``token_ids``
+        (to the first ``num_blocks`` of them when given: no copy of a long list's head).
+
+        For vLLM's sha256 with no extra keys (every kvscope request) the chain runs on the
+        digests: one ``fromhex`` for the known parent rather than one per block, and the
+        same bytes hashed as ``__call__`` hashes (tests/core/test_vllm_hashing.py)."""
+        start, end = len(known), len(token_ids) // block_size
+        if num_blocks is not None:
+            end = min(end, num_blocks)
+        if start >= end:
+            return known
+        if self._fn is vllm_sha256 and (extra_keys is None or extra_keys == ""):
+            parent = bytes.fromhex(known[-1]) if start else self._root
+            dumps, sha, proto, append = pickle.dumps, hashlib.sha256, pickle.HIGHEST_PROTOCOL, known.append
+            for i in range(start * block_size, end * block_size, block_size):
+                parent = sha(dumps((parent, tuple(map(int, token_ids[i:i + block_size])), None), proto)).digest()
+                append(parent.hex())
+            return known
+        for i in range(start, end):
             parent = known[i - 1] if i else None
             known.append(self(parent, token_ids[i * block_size:(i + 1) * block_size], extra_keys))
         return known

@@ -77,12 +77,13 @@ class KVCacheManager:
         hashes = self.hasher.full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
         max_blocks = (n - 1) // bs  # the last token's logits are needed
         m = PrefixMatch(num_query_tokens=n, resumed=resumed)
-        for h in hashes[:max_blocks]:
-            b = self.pool.cached.get(h)
+        cached, hit = self.pool.cached, m.blocks
+        for i in range(min(max_blocks, len(hashes))):
+            b = cached.get(hashes[i])
             if b is None:
                 break
-            m.blocks.append(b)
-        m.num_tokens = len(m.blocks) * bs
+            hit.append(b)
+        m.num_tokens = len(hit) * bs
         m.miss_cold, m.miss_evicted, m.miss_partial = self.misses.classify(
             req.token_ids, hashes, len(m.blocks), self.pool.cached)
         return m
@@ -114,57 +115,109 @@ class KVCacheManager:
         With ``match`` (a new admission) the hit blocks become the table's head and
         the lookup is recorded. Nothing changes when this returns False.
         """
+        if match is None:
+            return self._extend(req, num_new_tokens)
         if self.blocks_needed(req, num_new_tokens, match) > self.pool.num_free:
             return False
         rid, step = req.request_id, self.log.step
         table = self.tables.setdefault(rid, [])
         before = len(table)
-        computed = req.num_computed_tokens
-        if match is not None:
-            assert not table, f"{rid} admitted with a non-empty table"
-            self.log.add(PrefixLookup(step, rid, match.num_query_tokens, match.num_tokens,
-                                      match.miss_cold, match.miss_evicted, match.miss_partial,
-                                      match.miss_disabled, match.resumed))
-            if match.blocks:
-                for b in match.blocks:
-                    self.pool.touch(b)
-                table.extend(match.blocks)
-                self.num_hashed[rid] = len(match.blocks)
+        assert not table, f"{rid} admitted with a non-empty table"
+        self.log.add(PrefixLookup(step, rid, match.num_query_tokens, match.num_tokens,
+                                  match.miss_cold, match.miss_evicted, match.miss_partial,
+                                  match.miss_disabled, match.resumed))
+        if match.blocks:
+            for b in match.blocks:
+                self.pool.touch(b)
+            table.extend(match.blocks)
+            self.num_hashed[rid] = len(match.blocks)
+            if self.log.enabled:
                 self.log.add(PrefixHit(step, rid, tuple(b.id for b in match.blocks), match.num_tokens))
-            computed = match.num_tokens
-        if self._needs_cow(table, computed):
-            i = computed // self.block_size
-            src = table[i]
-            dst = self.pool.take()
-            table[i] = dst
-            self._ids.pop(rid, None)
-            self.pool.move_reference(src)
-            self.cow_pairs.append((src.id, dst.id))
-            self.log.add(CowCopy(step, rid, src.id, dst.id, i, src.ref_count))
-        total = -(-(computed + num_new_tokens) // self.block_size)
-        while len(table) < total:
-            b = self.pool.take()
-            table.append(b)
-            self.log.add(BlockAllocated(step, b.id, rid, len(table) - 1))
-        if len(table) != before:
-            self._ids.pop(rid, None)
+        computed = match.num_tokens
+        self._cow_if_shared(req, table, computed)
+        self._grow(rid, table, -(-(computed + num_new_tokens) // self.block_size), before)
         # As vLLM: the blocks this step fills are hashed now, so a request admitted later
         # in the same step already hits them. Safe because one forward runs the whole
         # step and every layer writes all of the step's K/V before any token attends.
         self.cache_full_blocks(req, computed + num_new_tokens)
         return True
 
+    def _extend(self, req: Request, num_new_tokens: int) -> bool:
+        """``allocate_slots`` for a request already admitted (no match): the same checks
+        and changes, read once (the path of every decode step)."""
+        rid, bs = req.request_id, self.block_size
+        table = self.tables.get(rid)
+        computed = req.num_computed_tokens
+        end = computed + num_new_tokens
+        total = -(-end // bs)
+        have = 0 if table is None else len(table)
+        i = computed // bs
+        cow = i < have and table[i].ref_count > 1
+        if max(0, total - have) + cow > len(self.pool.free_queue):
+            return False
+        if table is None:
+            table = self.tables[rid] = []
+        if cow:
+            self._cow_if_shared(req, table, computed)
+        if total > have:
+            self._grow(rid, table, total, have)
+        if end // bs > self.num_hashed.get(rid, 0) and self.config.enable_prefix_caching:
+            self.cache_full_blocks(req, end)
+        return True
+
+    def _cow_if_shared(self, req: Request, table: list[Block], computed: int) -> None:
+        """Before writing into a shared block at ``computed``, give the request its own copy."""
+        if not self._needs_cow(table, computed):
+            return
+        rid = req.request_id
+        i = computed // self.block_size
+        src = table[i]
+        dst = self.pool.take()
+        table[i] = dst
+        self._ids.pop(rid, None)
+        self.pool.move_reference(src)
+        self.cow_pairs.append((src.id, dst.id))
+        self.log.add(CowCopy(self.log.step, rid, src.id, dst.id, i, src.ref_count))
+
+    def _grow(self, rid: str, table: list[Block], total: int, before: int) -> None:
+        """Append fresh blocks until the table has ``total`` (``before``: its length when
+        the allocation began)."""
+        if len(table) < total:
+            log = self.log
+            if log.enabled:
+                step = log.step
+                while len(table) < total:
+                    b = self.pool.take()
+                    table.append(b)
+                    log.add(BlockAllocated(step, b.id, rid, len(table) - 1))
+            else:
+                table.extend(self.pool.take_many(total - len(table)))
+        if len(table) != before:
+            ids = self._ids.get(rid)
+            if ids is not None and len(ids) == before:  # the old list plus the new ids
+                self._ids[rid] = ids + [b.id for b in table[before:]]
+            else:
+                self._ids.pop(rid, None)
+
     def slot_mapping(self, req: Request, start: int, end: int) -> list[int]:
         """Physical slot of each token position in [start, end): a run of slots per block."""
         table, bs = self.tables[req.request_id], self.block_size
-        out: list[int] = []
-        p = start
-        while p < end:
-            i, off = divmod(p, bs)
-            n = min(bs - off, end - p)
-            base = table[i].id * bs + off
-            out.extend(range(base, base + n))
-            p += n
+        if end - start == 1:  # a decode step
+            return [table[start // bs].id * bs + start % bs]
+        if end <= start:
+            return []
+        first, off = divmod(start, bs)
+        last, last_off = divmod(end - 1, bs)
+        base = table[first].id * bs
+        if first == last:
+            return list(range(base + off, base + last_off + 1))
+        out = list(range(base + off, base + bs))
+        extend = out.extend
+        for b in table[first + 1:last]:
+            base = b.id * bs
+            extend(range(base, base + bs))
+        base = table[last].id * bs
+        extend(range(base, base + last_off + 1))
         return out
 
     def block_ids(self, request_id: str) -> list[int]:
@@ -187,11 +240,10 @@ class KVCacheManager:
         start = self.num_hashed.get(rid, 0)
         if full <= start:
             return
-        hashes = self.hasher.full_blocks(req.token_ids[: full * bs], bs, self.hashes.setdefault(rid, []))
-        for i in range(start, full):
-            parent = hashes[i - 1] if i else None
-            if self.pool.cache(table[i], hashes[i], parent, tuple(req.token_ids[i * bs:(i + 1) * bs])):
-                self.cached_this_step.append(table[i])
+        hashes = self.hashes.setdefault(rid, [])
+        if len(hashes) < full:
+            self.hasher.full_blocks(req.token_ids, bs, hashes, num_blocks=full)
+        self.cached_this_step.extend(self.pool.cache_run(table, hashes, start, full, req.token_ids, bs))
         self.num_hashed[rid] = full
 
     def fork(self, parent: Request, child: Request) -> None:
@@ -211,8 +263,10 @@ class KVCacheManager:
         """Release the request's blocks, tail first, so tails are evicted before heads."""
         rid = req.request_id
         self._ids.pop(rid, None)
-        for b in reversed(self.tables.pop(rid, [])):
-            self.pool.release(b, rid)
+        table = self.tables.pop(rid, None)
+        if table:
+            table.reverse()
+            self.pool.release_all(table, rid)
         self.num_hashed.pop(rid, None)
         if req.status.is_finished:
             self.hashes.pop(rid, None)

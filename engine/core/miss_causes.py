@@ -49,26 +49,38 @@ class MissCauses:
         self.block_size = block_size
         self.max_remembered = max_remembered
         self._dropped: OrderedDict[str, None] = OrderedDict()  # oldest drop first
-        # parent hash → cached blocks under it, to see misses that diverge mid-block;
-        # bounded by the pool (only cached blocks are in it)
-        self._children: dict[str | None, set[Block]] = {}
+        # parent hash → the cached block under it, or a set when there are several (most
+        # parents have one child: no set made for it), to see misses that diverge
+        # mid-block; bounded by the pool (only cached blocks are in it)
+        self._children: dict[str | None, Block | set[Block]] = {}
 
     # ---- hooks (the pool calls these as hashes come and go) -------------------
 
     def on_cached(self, block: Block) -> None:
         self._dropped.pop(block.hash, None)
-        self._children.setdefault(block.parent_hash, set()).add(block)
+        children, parent = self._children, block.parent_hash
+        siblings = children.get(parent)
+        if siblings is None:
+            children[parent] = block
+        elif type(siblings) is set:
+            siblings.add(block)
+        elif siblings is not block:
+            children[parent] = {siblings, block}
 
     def on_uncached(self, block: Block) -> None:
-        siblings = self._children.get(block.parent_hash)
-        if siblings is not None:
+        children, parent = self._children, block.parent_hash
+        siblings = children.get(parent)
+        if siblings is block:
+            del children[parent]
+        elif type(siblings) is set:
             siblings.discard(block)
             if not siblings:
-                del self._children[block.parent_hash]
-        self._dropped[block.hash] = None
-        self._dropped.move_to_end(block.hash)
-        if len(self._dropped) > self.max_remembered:
-            self._dropped.popitem(last=False)
+                del children[parent]
+        dropped = self._dropped
+        dropped[block.hash] = None
+        dropped.move_to_end(block.hash)  # dropped again: now the most recent
+        if len(dropped) > self.max_remembered:
+            dropped.popitem(last=False)
 
     @property
     def num_remembered(self) -> int:
@@ -87,22 +99,31 @@ class MissCauses:
         bs, n = self.block_size, len(token_ids)
         max_blocks = (n - 1) // bs  # a hit never covers the last token
         cold = evicted = partial = 0
-        for i in range(num_hit_blocks, n // bs):
-            if i >= max_blocks:
-                partial += bs  # cached or not, this block holds the last token
-            elif self.was_cached(hashes[i], cached):
+        first, end = num_hit_blocks, min(n // bs, max_blocks)
+        if first < end:  # the first missing block: evicted, diverged mid-block or cold
+            if self.was_cached(hashes[first], cached):
                 evicted += bs
-            elif i == num_hit_blocks and self._diverges_mid_block(token_ids, i, hashes):
+            elif self._diverges_mid_block(token_ids, first, hashes):
                 partial += bs  # shared prefix ended inside this block
             else:
                 cold += bs
-        partial += n % bs  # an unfinished block is never hashed
+            # the rest: evicted if cached or remembered (a hash is never in both: caching
+            # it again takes it out of the book), else cold
+            rest = hashes[first + 1:end]
+            was = sum(map(cached.__contains__, rest)) + sum(map(self._dropped.__contains__, rest))
+            evicted += bs * was
+            cold += bs * (len(rest) - was)
+        # cached or not, a block holding the last token is recomputed; an unfinished
+        # block is never hashed
+        partial += bs * max(0, n // bs - max(num_hit_blocks, max_blocks)) + n % bs
         return cold, evicted, partial
 
     def _diverges_mid_block(self, token_ids: Sequence[int], i: int, hashes: Sequence[str]) -> bool:
         """True when a cached block with the same parent shares this block's start."""
         siblings = self._children.get(hashes[i - 1] if i else None)
-        if not siblings:
+        if siblings is None:
             return False
         first = token_ids[i * self.block_size]
+        if type(siblings) is not set:
+            return siblings.token_ids[0] == first
         return any(b.token_ids[0] == first for b in siblings)

@@ -99,8 +99,9 @@ class Scheduler:
             r.status = RequestStatus.WAITING
             self.requests[r.request_id] = r
             self.waiting.append(r)
-            self.log.add(RequestArrived(self.log.step, r.request_id, n, tuple(r.prompt_token_ids),
-                                        r.arrival_index, r.parent_id))
+            if self.log.enabled:  # counted by nothing: built only to be kept
+                self.log.add(RequestArrived(self.log.step, r.request_id, n, tuple(r.prompt_token_ids),
+                                            r.arrival_index, r.parent_id))
         return entered
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
@@ -219,7 +220,11 @@ class Scheduler:
                     self._new.append(NewRequestData(cid, req.params, req.child_seed(k)))
                     sample_ids += (cid,)
         phase = ScheduledPhase.DECODE if decode else ScheduledPhase.PREFILL
-        self.log.add(RequestScheduled(self.log.step, req.request_id, n, phase, start))
+        log = self.log
+        if log.enabled:
+            log.add(RequestScheduled(log.step, req.request_id, n, phase, start))
+        else:
+            log.counts.count_scheduled(phase, n)
         # prompt logprobs: position p's logits score prompt token p + 1; sample 0 reports
         # them (the user's request; its samples share its prompt), each position once
         first, targets = max(start, req.num_prompt_logprobs), ()
@@ -306,8 +311,7 @@ class Scheduler:
             if plp is not None:
                 req.num_prompt_logprobs = s.prompt_logprobs_from + len(plp)
             if not s.sample_ids:
-                self.log.add(RequestProgress(step, req.request_id, req.num_tokens,
-                                             req.num_computed_tokens, ()))
+                self._progress(step, req, ())
                 outputs.append(self._core_output(req, None, plp))
                 continue
             samples = [req]
@@ -323,8 +327,7 @@ class Scheduler:
             for r in samples:
                 tok = model_output.sampled[r.request_id]
                 r.append_output_token(tok.token_id)
-                self.log.add(RequestProgress(step, r.request_id, r.num_tokens,
-                                             r.num_computed_tokens, (tok.token_id,)))
+                self._progress(step, r, (tok.token_id,))
                 if self._check_stop(r, tok.token_id):
                     finished.append(r)
                 outputs.append(self._core_output(r, tok, plp if r is req else None))
@@ -353,6 +356,15 @@ class Scheduler:
             req.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
+
+    def _progress(self, step: int, r: Request, new_token_ids: tuple[int, ...]) -> None:
+        """The step's ``request_progress`` of ``r`` (counted only, when events are not kept)."""
+        log = self.log
+        if log.enabled:
+            log.add(RequestProgress(step, r.request_id, len(r.token_ids), r.num_computed_tokens,
+                                    new_token_ids))
+        else:
+            log.counts.count_progress(len(new_token_ids))
 
     def pool_summary(self) -> PoolSummary:
         """The counts per-step metrics need; far cheaper than ``snapshot()``."""

@@ -24,7 +24,10 @@ from engine.core.event_log import EventLog
 from engine.core.scheduler_output import SchedulerOutput
 from engine.simulate.cost import StepCost
 from engine.simulate.routers.base import consecutive
-from engine.simulate.trace import TracedRequest, placeholder_token
+from engine.simulate.trace import TracedRequest, placeholder_tokens
+
+ENDED_OUTSIDE = ("stop_string", "abort")  # trace finishes the engine made from outside the core
+_SAMPLED: dict[int, SampledToken] = {}  # one (immutable) SampledToken per token id, shared
 
 
 @dataclass(slots=True)
@@ -50,6 +53,7 @@ class _Live:
     times: RequestTimes
     request: Request
     block_hashes: tuple[str, ...] = ()  # what a lookup may hit, for the reachable figure
+    placeholders: list[int] | None = None  # its placeholder samples, made when first needed
 
 
 class SimPod:
@@ -65,32 +69,23 @@ class SimPod:
         self.pending: list[tuple[TracedRequest, int, RequestTimes, list[int]]] = []  # arrived mid-step
         self.live: dict[str, _Live] = {}
         self.num_steps = 0
-        self.num_blocks_stored = 0
+        self._num_stored_taken = 0  # blocks stored in the feed already taken
         self.stored: list[str] = []  # the KV event feed of the step in flight
         self.removed: list[str] = []
+        self.ending_outside: dict[str, _Live] = {}  # live requests a stop string or abort ends
         self._stopping: list[str] = []
         self.finished_ids: list[str] = []
         self.fleet: list[SimPod] = [self]  # every pod: where else a prefix could have hit
         self._hook_pool()
 
     def _hook_pool(self) -> None:
-        """The KV event feed (vLLM's BlockStored / BlockRemoved), from the pool's hooks,
-        so routers get it whether or not events are kept."""
-        pool = self.kv.pool
-        on_cached, on_uncached = pool._on_cached, pool._on_uncached
+        """The KV event feed (vLLM's BlockStored / BlockRemoved): the pool appends the
+        hashes to our lists, so routers get it whether or not events are kept."""
+        self.kv.pool.stored, self.kv.pool.removed = self.stored, self.removed
 
-        def cached(b) -> None:
-            self.num_blocks_stored += 1
-            self.stored.append(b.hash)
-            if on_cached is not None:
-                on_cached(b)
-
-        def uncached(b) -> None:
-            self.removed.append(b.hash)
-            if on_uncached is not None:
-                on_uncached(b)
-
-        pool._on_cached, pool._on_uncached = cached, uncached
+    @property
+    def num_blocks_stored(self) -> int:
+        return self._num_stored_taken + len(self.stored)
 
     # ---- what a router sees -------------------------------------------------------
 
@@ -127,7 +122,7 @@ class SimPod:
         stop_ids: list[int] = []
         if tr.finish == "stop":  # its last token stopped it: the same finish event
             stop_ids = [tr.output_token_ids[-1]]
-        elif tr.finish in ("stop_string", "abort"):
+        elif tr.finish in ENDED_OUTSIDE:
             n += 1  # ended from outside before it could sample more
         params = SamplingParams(max_tokens=n, min_tokens=tr.output_length if stop_ids else 0,
                                 stop_token_ids=stop_ids, ignore_eos=True, temperature=0)
@@ -136,7 +131,9 @@ class SimPod:
         if block_hashes:  # the router hashed them already
             self.kv.give_block_hashes(req.request_id, list(block_hashes))
         times.num_prompt_tokens = len(tokens)
-        self.live[tr.request_id] = _Live(tr, index, times, req, block_hashes)
+        live = self.live[tr.request_id] = _Live(tr, index, times, req, block_hashes)
+        if tr.finish in ENDED_OUTSIDE:
+            self.ending_outside[tr.request_id] = live
 
     def end_from_outside(self, request_id: str, how: str) -> None:
         """Before the next schedule: a stop string (finished at that schedule) or an abort."""
@@ -151,6 +148,7 @@ class SimPod:
 
     def _finished(self, request_id: str) -> None:
         live = self.live.pop(request_id)
+        self.ending_outside.pop(request_id, None)
         live.times.finished = self.clock
         live.times.num_preemptions = live.request.num_preemptions
         self.finished_ids.append(request_id)
@@ -190,25 +188,37 @@ class SimPod:
         arrived meanwhile."""
         out, self.in_flight = self.in_flight, None
         sampled = {}
-        sched = self.scheduler
+        all_live = self.live
         for s in out.scheduled:
             for sid in s.sample_ids:
-                live = self.live[sid]
-                k = live.request.num_output_tokens
+                live = all_live[sid]
+                req = live.request
+                k = len(req.token_ids) - len(req.prompt_token_ids)  # its output tokens so far
                 toks = live.trace.output_token_ids
-                tok = toks[k] if toks is not None and k < len(toks) else placeholder_token(live.index, k)
-                sampled[sid] = SampledToken(tok)
-        core = sched.update_from_output(out, ModelRunnerOutput(sampled))
+                if toks is not None and k < len(toks):
+                    tok = toks[k]
+                else:
+                    ph = live.placeholders
+                    if ph is None or k >= len(ph):  # the trace's length at once (+1: an abort's)
+                        n = max(k + 1, live.trace.output_length + 1)
+                        ph = live.placeholders = placeholder_tokens(live.index, 0, n)
+                    tok = ph[k]
+                st = _SAMPLED.get(tok)
+                if st is None:
+                    st = _SAMPLED[tok] = SampledToken(tok)
+                sampled[sid] = st
+        core = self.scheduler.update_from_output(out, ModelRunnerOutput(sampled))
         self.num_steps += 1
+        clock = self.clock
         for o in core.outputs:
-            live = self.live.get(o.request_id)
+            live = all_live.get(o.request_id)
             if live is None:
                 continue
             t = live.times
             if o.new_token is not None:
                 t.num_output_tokens += 1
                 if t.first_token is None:
-                    t.first_token = self.clock
+                    t.first_token = clock
             if o.finish_reason is not None:
                 self._finished(o.request_id)
         pending, self.pending = self.pending, []
@@ -218,4 +228,6 @@ class SimPod:
     def take_feed(self) -> tuple[list[str], list[str]]:
         """The KV event feed since the last call (stored, removed hashes)."""
         stored, removed, self.stored, self.removed = self.stored, self.removed, [], []
+        self._num_stored_taken += len(stored)
+        self._hook_pool()
         return stored, removed

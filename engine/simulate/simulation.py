@@ -16,6 +16,8 @@ steps' events and metrics, as an engine run's, so Replay and Compare show it.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from engine.events.metrics.step_metrics import MetricsConfig, MetricsTracker
 from engine.events.schema.step import StepRecord
 from engine.simulate.cost import StepCost
 from engine.simulate.pod import RequestTimes, SimPod
+from engine.simulate.prompt_hashes import PromptHashes
 from engine.simulate.routers import ROUTERS, Routed
 from engine.simulate.trace import Trace, TracedRequest
 
@@ -116,20 +119,37 @@ def _sub(a: float | None, b: float) -> float | None:
 
 def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None) -> SimResult:
     keep = cfg.keep_events or recorder is not None
-    pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep) for k in range(cfg.num_pods)]
-    for p in pods:
-        p.fleet = pods
-    rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None
-    router = ROUTERS[cfg.router](cfg.num_pods, cfg.cache.block_size, **cfg.router_args)
-    times = [RequestTimes(0, 0.0) for _ in trace.requests]
-    if cfg.arrivals == "steps":
-        _by_steps(trace, pods[0], times, rec)
-    else:
-        _by_times(trace, pods, router, times, rec, get_hasher(cfg.cache.prefix_caching_hash_algo))
+    with _no_cycle_collector():  # from the pools' blocks on (a sweep's pods: millions)
+        pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep) for k in range(cfg.num_pods)]
+        for p in pods:
+            p.fleet = pods
+        rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None
+        router = ROUTERS[cfg.router](cfg.num_pods, cfg.cache.block_size, **cfg.router_args)
+        times = [RequestTimes(0, 0.0) for _ in trace.requests]
+        if cfg.arrivals == "steps":
+            _by_steps(trace, pods[0], times, rec)
+        else:
+            _by_times(trace, pods, router, times, rec, get_hasher(cfg.cache.prefix_caching_hash_algo))
     result = SimResult(cfg, pods, times, trace, rec.run_ids if rec else [])
     if rec is not None:
         rec.finish(result)
     return result
+
+
+@contextlib.contextmanager
+def _no_cycle_collector():
+    """Python's cycle collector off for the run, back as it was after. A run makes almost no
+    reference cycles, but it holds every queued prompt (a fleet trace's 144M token ids in
+    lists) and makes millions of short-lived objects, so the collector kept rescanning
+    the queues: a tenth to a quarter of a run's CPU time (bench/RESULTS.md). Whatever
+    cycles the run leaves are collected once it is back on."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def simulate_recorded(trace: Trace, cfg: SimConfig, db: str | None = None,
@@ -165,14 +185,13 @@ def _by_steps(trace: Trace, pod: SimPod, times: list[RequestTimes], rec: _Record
             pod.end_from_outside(tr.request_id, tr.finish)
         pod.start_step(pod.clock)
         pod.finish_step()
-        if rec is not None:
-            rec.step(pod)
+        _step_done(pod, rec)
 
 
 def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes],
               rec: _Recording | None, hasher) -> None:
     reqs = trace.requests
-    bs = pods[0].kv.block_size
+    prompt_hashes = PromptHashes(hasher, pods[0].kv.block_size)
     ends: list[tuple[float, int]] = []  # (step end, pod)
     i = 0
     while i < len(reqs) or ends:
@@ -182,7 +201,7 @@ def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes
             while i < len(reqs) and reqs[i].arrival_s == t_arr:
                 tr = reqs[i]
                 tokens = tr.tokens()
-                hashes = tuple(hasher.full_blocks(tokens, bs, [])[:(len(tokens) - 1) // bs])
+                hashes = prompt_hashes(tr, tokens)
                 k = router.route(Routed(tr.request_id, tokens, hashes), pods)
                 times[i] = RequestTimes(k, t_arr)
                 pods[k].arrive(tr, i, times[i], tokens, hashes)
@@ -200,19 +219,26 @@ def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes
         for rid in p.take_finished():
             router.finished(k, rid)
         router.observe(k, *p.take_feed())
-        if rec is not None:
-            rec.step(p)
+        _step_done(p, rec)
         if p.busy():
             heapq.heappush(ends, (p.start_step(t), k))
             for rid in p.take_finished():  # stop strings end at the schedule
                 router.finished(k, rid)
 
 
+def _step_done(p: SimPod, rec: _Recording | None) -> None:
+    """The step's events go to the recording; kept with none (``keep_events``), they are
+    dropped here, or the pod, busy while events wait, would step for ever."""
+    if rec is not None:
+        rec.step(p)
+    elif p.log.events:
+        p.log.drain()
+
+
 def _end_outside(p: SimPod) -> None:
     """Times: a request the engine ended from outside (a stop string, an abort) ends
     once it sampled what it sampled in the recording."""
-    for rid, live in list(p.live.items()):
+    for rid, live in list(p.ending_outside.items()):  # only those: a fleet's queues are long
         tr = live.trace
-        if tr.finish in ("stop_string", "abort") and live.request.num_output_tokens >= tr.output_length \
-                and live.times.first_scheduled is not None:
+        if live.request.num_output_tokens >= tr.output_length and live.times.first_scheduled is not None:
             p.end_from_outside(rid, tr.finish)

@@ -99,20 +99,49 @@ def mooncake_tokens(hash_ids: list[int], input_length: int, block: int = MOONCAK
     if len(hash_ids) != need:
         raise TraceError(f"{len(hash_ids)} hash_ids for input_length {input_length}: "
                          f"{block}-token blocks need {need}")
-    u = np.uint64
     ids = np.array(hash_ids, dtype=np.uint64)[:, None]
     pos = np.arange(block, dtype=np.uint64)[None, :]
+    return _shared_ints(_synthetic_np(ids, pos).ravel()[:input_length])
+
+
+def _synthetic_np(a, b):
+    """``1 + mix(a, b) % (SYNTHETIC_VOCAB - 1)`` on uint64 arrays (broadcast)."""
+    import numpy as np
+
+    u = np.uint64
     with np.errstate(over="ignore"):
-        z = ids * u(0x9E3779B97F4A7C15) + pos * u(0xBF58476D1CE4E5B9) + u(0x94D049BB133111EB)
+        z = a * u(0x9E3779B97F4A7C15) + b * u(0xBF58476D1CE4E5B9) + u(0x94D049BB133111EB)
         z = (z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> u(27))) * u(0x94D049BB133111EB)
         z = z ^ (z >> u(31))
-    return (u(1) + z % u(SYNTHETIC_VOCAB - 1)).ravel()[:input_length].tolist()
+    return u(1) + z % u(SYNTHETIC_VOCAB - 1)
+
+
+_INTS = None  # the int objects 0 .. SYNTHETIC_VOCAB - 1, as an object array
+
+
+def _shared_ints(tokens) -> list[int]:
+    """``tokens.tolist()`` with one int object per token id for the whole process: a
+    fleet's queued prompts (144M tokens) hold 8-byte references, not 28-byte ints each."""
+    global _INTS
+    import numpy as np
+
+    if _INTS is None:
+        _INTS = np.array(list(range(SYNTHETIC_VOCAB)), dtype=object)
+    return _INTS[tokens.astype(np.intp)].tolist()
 
 
 def placeholder_token(request_index: int, position: int) -> int:
     """A simulated sample: a token stream no other request's samples share."""
     return 1 + mix(~request_index & 0xFFFFFFFFFFFFFFFF, position) % (SYNTHETIC_VOCAB - 1)
+
+
+def placeholder_tokens(request_index: int, start: int, stop: int) -> list[int]:
+    """``placeholder_token(request_index, k)`` for k in [start, stop), all at once."""
+    import numpy as np
+
+    a = np.array([~request_index & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    return _synthetic_np(a, np.arange(start, stop, dtype=np.uint64)).tolist()
 
 
 # ---- readers --------------------------------------------------------------------------

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from engine.core import CacheConfig, SchedulerConfig
 from engine.simulate.routers import ROUTERS
-from tests.simulate.helpers import BS, hits, pods_of, request, run, system, trace
+from engine.simulate.simulation import SimConfig, simulate
+from tests.simulate.helpers import BS, COST, hits, pods_of, request, run, system, trace
 
 
 def _families(n_families: int, per_family: int, gap: float = 1.0, order: str = "interleaved"):
@@ -115,3 +117,21 @@ def test_every_router_serves_every_request_exactly_once(name):
     assert sum(len(p.live) for p in r.pods) == 0
     assert sum(p.log.counts.num_requests_finished for p in r.pods) == 12
     assert all(t.reachable_tokens >= t.num_cached_tokens for t in r.requests)
+
+
+@pytest.mark.parametrize("name", ["precise-prefix", "oracle"])
+def test_a_simulation_that_keeps_no_events_is_the_one_that_keeps_them(name):
+    """A pod that records builds every event; one that does not builds only counts (the
+    fast path): the same routing, hits, evictions, preemptions and times."""
+    import dataclasses
+
+    from engine.simulate.report import summarize
+
+    tr = _families(3, 6, gap=0.002)
+    cfg = SimConfig(3, name, SchedulerConfig(max_model_len=128, max_num_batched_tokens=64, max_num_seqs=4),
+                    CacheConfig(block_size=BS, num_blocks=12), COST)
+    bare, kept = simulate(tr, cfg), simulate(tr, dataclasses.replace(cfg, keep_events=True))
+    assert summarize(bare) == summarize(kept)
+    assert [p.log.counts for p in bare.pods] == [p.log.counts for p in kept.pods]
+    assert sum(p.log.counts.num_evictions for p in bare.pods) > 0
+    assert [dataclasses.astuple(t) for t in bare.requests] == [dataclasses.astuple(t) for t in kept.requests]

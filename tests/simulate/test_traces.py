@@ -35,6 +35,24 @@ def test_mooncake_equal_hash_ids_give_equal_tokens_and_the_core_hashes_share_the
     assert ha[:64] == hb[:64] and ha[64] != hb[64]  # 2 x 512 tokens shared = 64 blocks of 16
 
 
+@pytest.mark.parametrize("block_size", [16, 32, 48])
+def test_prompt_hashes_remembered_by_hash_id_are_the_core_s_hashes(block_size):
+    """The simulator hashes each Mooncake block's sub-blocks once per (hash before, hash
+    id): on the shipped trace (shared system prompts, re-sent histories) every prompt's
+    hashes equal the core's own, with most of them remembered rather than hashed."""
+    from engine.core.hashing import get_hasher
+    from engine.simulate.prompt_hashes import PromptHashes
+
+    h = get_hasher("sha256")
+    ph = PromptHashes(h, block_size, max_entries=64)
+    for tr in read_mooncake(SHIPPED).requests[:120]:
+        tokens = tr.tokens()
+        assert ph(tr, tokens) == tuple(h.full_blocks(tokens, block_size, [])[:(len(tokens) - 1) // block_size])
+    if MOONCAKE_BLOCK % block_size == 0:
+        assert ph.num_reused > 1000
+    assert len(ph._blocks) <= 64
+
+
 def test_mooncake_partial_last_block_is_the_start_of_that_id_s_block():
     assert mooncake_tokens([5, 6], 600)[512:] == mooncake_tokens([6], 512)[:88]
 

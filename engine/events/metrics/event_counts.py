@@ -25,7 +25,10 @@ Requests: ``num_preemptions``, ``num_requests_finished``, ``num_output_tokens``
 (request_scheduled, by phase).
 
 Writer: whoever owns the instance calls ``add`` (the EventLog, on every event it
-is handed; MetricsTracker, on a step's events).
+is handed; MetricsTracker, on a step's events). A core whose EventLog keeps no events
+(a benchmark, a simulation that records nothing) builds none of the hot ones and calls
+the rule's own ``count_*`` method with the fields the event would have carried, so the
+counts are the same either way (tests/events/test_event_counts.py).
 """
 
 from __future__ import annotations
@@ -77,18 +80,30 @@ class EventCounts:
             rule(self, e)
 
     def _progress(self, e: RequestProgress) -> None:
-        self.num_output_tokens += len(e.new_token_ids)
+        self.count_progress(len(e.new_token_ids))
+
+    def count_progress(self, num_new_tokens: int) -> None:
+        """A ``request_progress`` event's count, from the tokens it appended."""
+        self.num_output_tokens += num_new_tokens
 
     def _scheduled(self, e: RequestScheduled) -> None:
-        if e.phase is ScheduledPhase.DECODE:
-            self.num_decode_tokens += e.num_tokens
+        self.count_scheduled(e.phase, e.num_tokens)
+
+    def count_scheduled(self, phase: ScheduledPhase, num_tokens: int) -> None:
+        """A ``request_scheduled`` event's count, from its fields."""
+        if phase == ScheduledPhase.DECODE:
+            self.num_decode_tokens += num_tokens
         else:
-            self.num_prefill_tokens += e.num_tokens
+            self.num_prefill_tokens += num_tokens
 
     def _evicted(self, e: BlockEvicted) -> None:
-        if e.reason is EvictionReason.REUSE:
+        self.count_evicted(e.reason)
+
+    def count_evicted(self, reason: EvictionReason) -> None:
+        """A ``block_evicted`` event's count, from its reason."""
+        if reason == EvictionReason.REUSE:
             self.num_evictions += 1
-        elif e.reason is EvictionReason.RESET:
+        elif reason == EvictionReason.RESET:
             self.num_reset_evictions += 1
         else:
             self.num_rollback_evictions += 1
