@@ -170,15 +170,20 @@ class Server:
 
 
 def _wait_until(server: Server, ready, timeout: float, what: str) -> None:
+    """Wait for ``ready()``; on any way out but that (it died, the timeout, Ctrl-C, SIGTERM
+    turned into SystemExit) the server's process group is stopped: nobody else holds it yet."""
     start = time.monotonic()
-    while not ready():
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {server.proc.returncode} while starting:\n"
-                               f"{server.log_tail()}")
-        if time.monotonic() - start > timeout:
-            server.stop()
-            raise TimeoutError(f"{what} not ready after {timeout:.0f} s:\n{server.log_tail()}")
-        time.sleep(1.0)
+    try:
+        while not ready():
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {server.proc.returncode} while starting:\n"
+                                   f"{server.log_tail()}")
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"{what} not ready after {timeout:.0f} s:\n{server.log_tail()}")
+            time.sleep(1.0)
+    except BaseException:
+        server.stop()
+        raise
     server.startup_s = time.monotonic() - start
 
 
@@ -268,15 +273,18 @@ def start_kvscope(*, num_kv_blocks: int | None = None, extra_args: tuple[str, ..
     log.close()
     server = Server(proc, 0, log_path)
     start = time.monotonic()
-    while not server.port:
-        m = re.search(r"OpenAI API at http://127\.0\.0\.1:(\d+)", server.log_tail(200))
-        if m:
-            server.port = int(m.group(1))
-        elif proc.poll() is not None or time.monotonic() - start > 60:
-            server.stop()
-            raise RuntimeError(f"kvscope serve did not bind:\n{server.log_tail()}")
-        else:
-            time.sleep(0.2)
+    try:
+        while not server.port:
+            m = re.search(r"OpenAI API at http://127\.0\.0\.1:(\d+)", server.log_tail(200))
+            if m:
+                server.port = int(m.group(1))
+            elif proc.poll() is not None or time.monotonic() - start > 60:
+                raise RuntimeError(f"kvscope serve did not bind:\n{server.log_tail()}")
+            else:
+                time.sleep(0.2)
+    except BaseException:  # as _wait_until: nobody else holds the process yet
+        server.stop()
+        raise
 
     def ready() -> bool:
         try:
