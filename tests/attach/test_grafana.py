@@ -5,16 +5,14 @@ churn and fidelity panels say what the pods did (evictions on pod-a, a hole on p
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from dashboard.server_process import stop_process
-from tests.attach.fake_publisher import FakePublisher, free_port, removed, stored
+from tests.attach.fake_publisher import FakePublisher, removed, stored
 from tests.attach.helpers import source, start_attach, wait_until
-from tests.server.test_prometheus import PROMETHEUS, _need_prometheus, _query, _until
+from tests.server.test_prometheus import _need_prometheus, _query, _until, running_prometheus
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "kvscope_attach_fleet.json"
 
@@ -31,22 +29,10 @@ def stack(tmp_path):
     _need_prometheus()
     a, b = FakePublisher(), FakePublisher(encoding="array", replay_layout=2)
     srv = start_attach(tmp_path, source(a, "pod-a"), source(b, "pod-b"))
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: kvscope-attach\n    metrics_path: /metrics\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{srv.port}']\n")
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
-        yield srv, a, b, f"http://127.0.0.1:{port}", proc
+        with running_prometheus(tmp_path, "kvscope-attach", srv.port) as (url, proc):
+            yield srv, a, b, url, proc
     finally:
-        stop_process(proc)
-        log.close()
         srv.stop()
         a.close()
         b.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import contextlib
 import subprocess
 import time
 import urllib.error
@@ -65,27 +66,35 @@ def _until(what: str, check, timeout: float = 60.0, proc=None):
         time.sleep(0.5)
 
 
-@pytest.fixture
-def prometheus(tmp_path, make_server):
-    """A kvscope server and a Prometheus scraping it every second; both stopped after."""
-    _need_prometheus()
-    server = make_server(served_model_name=MODEL)
+@contextlib.contextmanager
+def running_prometheus(tmp_path, job: str, target_port: int):
+    """A real Prometheus scraping ``127.0.0.1:target_port`` every second, as job ``job``;
+    yields (its URL, its process) and stops it after."""
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: kvscope\n    metrics_path: /metrics\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{server.port}']\n")
+        f"scrape_configs:\n  - job_name: {job}\n    metrics_path: /metrics\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n")
     log = (tmp_path / "prometheus.log").open("w")
     proc = subprocess.Popen(
         [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
-        yield server, f"http://127.0.0.1:{port}", proc
+        yield f"http://127.0.0.1:{port}", proc
     finally:
         stop_process(proc)
         log.close()
+
+
+@pytest.fixture
+def prometheus(tmp_path, make_server):
+    """A kvscope server and a Prometheus scraping it every second; both stopped after."""
+    _need_prometheus()
+    server = make_server(served_model_name=MODEL)
+    with running_prometheus(tmp_path, "kvscope", server.port) as (url, proc):
+        yield server, url, proc
 
 
 def test_prometheus_answers_dashboard_queries_with_data(prometheus):
