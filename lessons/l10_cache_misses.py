@@ -203,13 +203,16 @@ def run(ctx) -> LessonResult:
             + ("" if same_answer else " (turn 1's answer differed between the two runs)") + "."),
         "evicted": Answer(
             {"hits_tight": b_tight.num_hit_tokens, "hits_roomy": b_roomy.num_hit_tokens,
-             "miss_causes_tight": b_causes, "evictions_tight": tight.final("num_evictions", 0)},
+             "miss_causes_tight": b_causes, "evictions_tight": tight.final("num_evictions", 0),
+             "peak_blocks_tight": tight.peak("num_used_blocks")},
             option=cause_opt,
             explanation=f"On the {ROOMY_POOL}-block pool B took {b_roomy.num_hit_tokens} tokens "
             f"(A's {SYSTEM_LEN}-token system prompt) from the cache. On the {PRESSURE_POOL}-block "
-            f"pool it took {b_tight.num_hit_tokens}: the burst needed every block, "
-            f"{tight.final('num_evictions', 0)} cached blocks were evicted for it, A's among them, "
-            f"and the engine counted B's misses as "
+            f"pool it took {b_tight.num_hit_tokens}: the burst held up to "
+            f"{tight.peak('num_used_blocks')} of the {PRESSURE_POOL} blocks, "
+            f"{tight.final('num_evictions', 0)} cached blocks were evicted for it"
+            + (", A's system prompt among them" if b_causes["evicted"] else "")
+            + ", and the engine counted B's misses as "
             + ", ".join(f"{b_causes[c]} {c}" for c in MISS_CAUSES)
             + " tokens. Same prompt, same cache policy: only the pressure differed."),
         "fill": Answer(

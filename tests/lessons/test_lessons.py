@@ -217,6 +217,7 @@ def test_l10_misses_have_their_causes_and_token_usage_is_the_folded_fill(lesson_
     assert (ev["hits_tight"], ev["hits_roomy"]) == (0, SYSTEM_LEN)
     assert ev["miss_causes_tight"] == {"cold": 0, "evicted": SYSTEM_LEN, "partial": 8, "disabled": 0}
     assert a["evicted"]["option"].startswith("evicted")
+    assert ev["peak_blocks_tight"] == 12 and ev["evictions_tight"] >= 2  # A's two system blocks at least
     occ = f["occupancy"]
     # step 1: 16 requests of 17 tokens hold 2 blocks each; 8 of 62 tokens hold 4 each
     assert occ["17"] == {"step": 1, "kv_cache_usage": 1.0, "kv_token_usage": 16 * 17 / (OCC_POOL * BLOCK_SIZE),

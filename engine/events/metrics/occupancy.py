@@ -27,6 +27,12 @@ are nearly empty, the #57336 workload's shape; it falls to 0 when the free block
 mostly hashless. It holds only for a complete stream: a gap, or a stream joined late,
 leaves ``S`` unknown (``HashCacheSnapshot.incomplete``).
 
+For a vLLM v1 pod: ``N`` is ``num_gpu_blocks - 1`` (``cache_config_info``; the null block
+is never handed out and ``get_usage`` in vllm/v1/core/block_pool.py leaves it out),
+``U = round(kv_cache_usage_perc * N)``, and ``S`` counts copies (vLLM re-stores a hash it
+recomputes into a second block: ``CachedBlockView.copies``) on the GPU medium. One
+full-attention KV cache group is assumed; a hybrid model's groups fill differently.
+
 Writer: none (values).
 """
 
