@@ -69,7 +69,7 @@ def kpi_values(frame: RunFrame) -> list[tuple[str, Any, str, str | None]]:
         ("blocks used", f"{pool.num_used_blocks}/{snap.num_blocks}",
          "kv_cache_usage (vLLM's kv_cache_usage_perc): blocks with ref count > 0 / all "
          "blocks; a block holding one token counts as a full one",
-         f"{_pct(pool.num_used_blocks / snap.num_blocks)} of blocks"),
+         _pct(pool.num_used_blocks / snap.num_blocks)),  # a short delta: the row is narrow
         ("slots filled", _pct(m.get("kv_token_usage")),
          "kv_token_usage: filled token slots / all token slots (kvscope_kv_token_usage), "
          "the token occupancy beside the block usage on its left (vLLM PR #57336)",

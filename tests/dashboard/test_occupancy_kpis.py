@@ -26,7 +26,7 @@ def first_step_frame() -> RunFrame:
 def test_block_usage_and_token_occupancy_side_by_side():
     kpis = {label: (value, delta) for label, value, _help, delta in kpi_values(first_step_frame())}
     # 2 + 3 + 3 blocks of 16; 17 + 33 + 40 = 90 tokens in the 256 slots
-    assert kpis["blocks used"] == ("8/16", "50.0% of blocks")
+    assert kpis["blocks used"] == ("8/16", "50.0%")
     assert kpis["slots filled"] == ("35.2%", "90 tokens")
     assert kpis["int. frag."][0] == "29.7%"  # 1 - 90 / 128
 
@@ -42,7 +42,7 @@ def test_the_row_renders_the_deltas_without_arrows():
     at = AppTest.from_function(_script, default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]
     shown = {m.label: (m.value, m.proto.delta) for m in at.metric}
-    assert shown["blocks used"] == ("8/16", "50.0% of blocks")
+    assert shown["blocks used"] == ("8/16", "50.0%")
     assert shown["slots filled"] == ("35.2%", "90 tokens")
     none = type(at.metric[0].proto).MetricDirection.Value("NONE")
     assert all(m.proto.direction == none for m in at.metric)  # a fact, not a rise or a fall
