@@ -67,9 +67,13 @@ def kpi_values(frame: RunFrame) -> list[tuple[str, Any, str, str | None]]:
     return [
         ("step", frame.step, "engine step shown", None),
         ("blocks used", f"{pool.num_used_blocks}/{snap.num_blocks}",
-         "kv_cache_usage: blocks with ref count > 0 / all blocks", None),
+         "kv_cache_usage (vLLM's kv_cache_usage_perc): blocks with ref count > 0 / all "
+         "blocks; a block holding one token counts as a full one",
+         _pct(pool.num_used_blocks / snap.num_blocks)),  # a short delta: the row is narrow
         ("slots filled", _pct(m.get("kv_token_usage")),
-         "kv_token_usage: filled token slots / all token slots", None),
+         "kv_token_usage: filled token slots / all token slots (kvscope_kv_token_usage), "
+         "the token occupancy beside the block usage on its left (vLLM PR #57336)",
+         f"{pool.num_filled_slots} tokens"),
         ("int. frag.", _pct(m.get("internal_fragmentation")),
          "internal fragmentation: empty slots of referenced blocks (partial last blocks) / "
          "their slots", None),
@@ -221,7 +225,7 @@ def draw(view: RunView, source: str) -> None:
     """Hand the built parts to Streamlit (fast: nothing is computed here)."""
     cols = st.columns(len(view.kpis))
     for col, (label, value, help_, delta) in zip(cols, view.kpis):
-        col.metric(label, value, delta=delta, delta_color="off", help=help_)
+        col.metric(label, value, delta=delta, delta_color="off", delta_arrow="off", help=help_)
     st.plotly_chart(view.grid, config=PLOT_CONFIG, key=f"{source}_grid")
     st.caption(view.caption)
     tabs = st.tabs(TABS, key=f"{source}_tabs", on_change="rerun")

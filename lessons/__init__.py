@@ -10,12 +10,14 @@ from __future__ import annotations
 from lessons import (
     l01_contiguous, l02_block_tables, l03_block_size, l04_chunked_prefill, l05_prefix_caching,
     l06_copy_on_write, l07_memory_pressure, l08_kv_budget, l09_prefix_routing,
+    l10_cache_misses,
 )
 from lessons.base import Lesson
 
 LESSONS: tuple[Lesson, ...] = tuple(m.LESSON for m in (
     l01_contiguous, l02_block_tables, l03_block_size, l04_chunked_prefill, l05_prefix_caching,
     l06_copy_on_write, l07_memory_pressure, l08_kv_budget, l09_prefix_routing,
+    l10_cache_misses,
 ))
 
 

@@ -135,6 +135,11 @@ MISS_CAUSE_SPLIT = Behaviour(
     "miss_causes", KVSCOPE,
     "prefix-cache misses split by cause (cold, evicted, partial, disabled); vLLM counts "
     "only queries and hits.")
+BLOCK_USAGE = Behaviour(
+    "block_usage", V1,
+    "vllm:kv_cache_usage_perc counts referenced blocks, whatever they hold: a block with one "
+    "token counts as a full one, and a freed block that keeps its hash counts as free.",
+    "vllm/v1/core/block_pool.py get_usage; vllm/v1/metrics/loggers.py kv_cache_usage_perc")
 
 PREFIX_ROUTING = Behaviour(
     "prefix_routing", "llm-d inference scheduler",
@@ -147,5 +152,5 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     PAGING, CONTIGUOUS_BASELINE, COPY_ON_WRITE, PREFIX_CACHE_SAMPLES, FULL_BLOCK_HASHING,
     SCHEDULE_TIME_HASHING, HIT_CAP, TAIL_FIRST_FREE, LRU_EVICTION, HASHLESS_FIRST,
     UNIFIED_SCHEDULE, LONG_PREFILL_CAP, PREEMPT_NEWEST, FAIR_SHARES, KV_BUDGET, MISS_CAUSE_SPLIT,
-    PREFIX_ROUTING,
+    BLOCK_USAGE, PREFIX_ROUTING,
 )

@@ -11,7 +11,7 @@ def test_list_text_and_json(capsys):
     assert "1. Why contiguous allocation wastes memory" in out and "8. Sizing the KV budget" in out
     assert main(["lesson", "--list", "--json"]) == 0
     cat = json.loads(capsys.readouterr().out)
-    assert [c["number"] for c in cat] == list(range(1, 10))
+    assert [c["number"] for c in cat] == list(range(1, 11))
 
 
 def test_text_run_prints_questions_answers_pool_and_replay_hint(capsys, tiny_llama, lesson_db):
@@ -58,7 +58,7 @@ def test_json_run_is_one_document_on_stdout(capsys, tiny_llama, lesson_db):
 
 
 def test_errors_exit_1_with_a_message(capsys, tiny_llama):
-    assert main(["lesson", "10"]) == 1
-    assert "no lesson 10" in capsys.readouterr().err
+    assert main(["lesson", "11"]) == 1
+    assert "no lesson 11" in capsys.readouterr().err
     assert main(["lesson", "2", "--json", "--model", "/no/such/model", "--no-record"]) == 1
     assert "error" in json.loads(capsys.readouterr().out)

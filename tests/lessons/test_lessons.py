@@ -18,15 +18,15 @@ def answers(doc):
     return {q["key"]: q["answer"] for q in doc["questions"]}
 
 
-def test_catalog_has_nine_lessons_with_text_and_questions():
-    assert NUMBERS == list(range(1, 10))
+def test_catalog_has_ten_lessons_with_text_and_questions():
+    assert NUMBERS == list(range(1, 11))
     for lesson in LESSONS:
         c = lesson.catalog()
         assert c["sections"] and all(s.strip() for s in c["sections"])
         assert 1 <= len(c["questions"]) <= 4 and c["takeaway"]
         json.dumps(c)  # the dashboard reads it as is
-    with pytest.raises(ValueError, match="no lesson 10"):
-        get_lesson(10)
+    with pytest.raises(ValueError, match="no lesson 11"):
+        get_lesson(11)
 
 
 def test_every_lesson_says_which_vllm_it_models():
@@ -195,3 +195,35 @@ def test_l9_prefix_routing_keeps_tenants_together_and_hits_more(lesson_doc):
     assert sum(r[3] for r in rows) == a["round_robin"]["value"] and len(rows) == PER_TENANT * len(TENANTS)
     fleet = a["fleet"]["value"]
     assert fleet["precise-prefix"] > fleet["round-robin"] and a["fleet"]["option"] in ("precise-prefix", "oracle")
+
+
+def test_l10_misses_have_their_causes_and_token_usage_is_the_folded_fill(lesson_doc):
+    """vLLM #54607's 0% is the block floor; a turn reuses whole blocks of prompt and answer;
+    pressure evicts; the pool reads 100% blocks while 53% of its slots hold a token
+    (vLLM #57336's gap), the engine's figure equals the fold of its events at every step
+    and lies in the bound an attached viewer's stored blocks allow."""
+    from lessons.l10_cache_misses import BLOCK_SIZE, OCC_POOL, SYSTEM_LEN
+
+    doc = lesson_doc(10)
+    a, f = answers(doc), doc["facts"]
+    assert a["bug"]["value"]["hit_tokens_by_prefix"] == {"15": 0, "16": 16, "31": 16, "32": 32}
+    assert all(len(set(v)) == 1 for v in f["hit_tokens_of_each_later_request"].values())
+    # 3 later requests x (15 + 12 tokens), all in the block the question shares
+    assert a["bug"]["value"]["miss_causes_15"] == {"cold": 0, "evicted": 0, "partial": 81, "disabled": 0}
+    assert a["bug"]["option"] == "no: the shared prefix is shorter than a block"
+    # turn 1 computed 40 + 10 - 1 = 49 tokens: 3 full blocks; turn 2 is 62 tokens
+    assert a["turn2"]["value"] == 48 and f["turn1_answer_same_in_both_runs"]
+    ev = a["evicted"]["value"]
+    assert (ev["hits_tight"], ev["hits_roomy"]) == (0, SYSTEM_LEN)
+    assert ev["miss_causes_tight"] == {"cold": 0, "evicted": SYSTEM_LEN, "partial": 8, "disabled": 0}
+    assert a["evicted"]["option"].startswith("evicted")
+    assert ev["peak_blocks_tight"] == 12 and ev["evictions_tight"] >= 2  # A's two system blocks at least
+    occ = f["occupancy"]
+    # step 1: 16 requests of 17 tokens hold 2 blocks each; 8 of 62 tokens hold 4 each
+    assert occ["17"] == {"step": 1, "kv_cache_usage": 1.0, "kv_token_usage": 16 * 17 / (OCC_POOL * BLOCK_SIZE),
+                         "filled_slots": 272, "used_blocks": 32, "stored_blocks": 16,
+                         "bound_low": 0.5, "bound_high": 1.0}
+    assert occ["62"]["kv_token_usage"] == 8 * 62 / (OCC_POOL * BLOCK_SIZE) and occ["62"]["bound_low"] == 0.75
+    assert f["fold_matches_engine"] and f["bound_holds_every_step"]
+    assert a["fill"]["option"] == "between 50% and 90%"
+    assert doc["pool"]["step"] == 1 and "[1/16]" in doc["pool"]["text"]

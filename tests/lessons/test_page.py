@@ -50,3 +50,30 @@ def test_page_imports_no_torch():
             "bad = {'torch', 'transformers', 'engine.model', 'engine.llm', 'engine.llm_engine'}"
             " & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+def test_page_runs_lesson_10_and_shows_answers_computed_from_the_run(monkeypatch, tiny_llama, tmp_path):
+    monkeypatch.setenv("KVSCOPE_LESSON_MODEL", tiny_llama)
+    monkeypatch.setenv("KVSCOPE_DB", str(tmp_path / "runs.sqlite"))
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    at.selectbox(key="lesson_pick").set_value(10).run()
+    assert '"My hit rate is 0%."' in _texts(at) and "vLLM #54607" in _texts(at)
+    from lessons import get_lesson
+
+    for _ in range(len(get_lesson(10).sections)):
+        at.button(key="lesson_next").click().run()
+    at.radio(key="lesson_10_predict_bug").set_value("yes: identical prefixes should hit")  # wrong
+    at.number_input(key="lesson_10_predict_turn2").set_value(48)
+    at.radio(key="lesson_10_predict_fill").set_value("between 50% and 90%")
+    at.button(key="lesson_run").click().run(timeout=240)
+    assert not at.error, [e.value for e in at.error]
+    text = _texts(at)
+    assert ("Computed from the run: **no: the shared prefix is shorter than a block** (not quite: "
+            "you predicted yes: identical prefixes should hit)") in text
+    assert "Computed from the run: **48** (right: you predicted it)" in text
+    assert "Computed from the run: **evicted: cached, then reused for other requests**" in text
+    assert "Computed from the run: **between 50% and 90%** (right: you predicted it)" in text
+    # bars, lines and the pool grid are plotly; the two tables are dataframes
+    assert len(at.get("plotly_chart")) == 3 and len(at.dataframe) == 2
+    rows = at.dataframe[1].value.values.tolist()
+    assert rows[0] == ["17-token", "100.0%", "53.1%", "53.1%", "50.0% .. 100.0%"]

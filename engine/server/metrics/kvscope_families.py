@@ -21,6 +21,7 @@ EVICTION_REASONS = tuple(r.value for r in EvictionReason)
 # (step metric, gauge name, help)
 _GAUGES = (
     ("kv_token_usage", "kvscope_kv_token_usage", "Filled token slots / all token slots."),
+    ("num_filled_slots", "kvscope_kv_filled_token_slots", "Token slots holding a computed token."),
     ("internal_fragmentation", "kvscope_internal_fragmentation",
      "1 - filled slots / slots of referenced blocks (shared blocks once)."),
     ("num_used_blocks", "kvscope_num_used_blocks", "Blocks with ref_count > 0."),

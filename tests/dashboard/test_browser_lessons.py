@@ -1,0 +1,69 @@
+"""Lesson 10 on the Lessons page in real Chromium (Playwright): pick it, page through its
+narrative, predict, run it on the real engine (the tiny model, in the page's subprocess) and
+see the answers computed from the run, its charts and the pool it points at. The screenshot
+goes to test-artifacts/dashboard/lesson-10.png."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.dashboard.conftest import free_port
+from tests.dashboard.test_browser import ARTIFACTS, CHROMIUM, VIEWPORT, Dashboard, _nav, _need_chromium, _shot
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def dash(tmp_path, tiny_model):
+    _need_chromium()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    # no engine server: the Lessons page runs its own engine, and the Live page is not visited
+    d = Dashboard({"KVSCOPE_URL": f"ws://127.0.0.1:{free_port()}", "KVSCOPE_AUTOSTART": "0",
+                   "KVSCOPE_DB": str(tmp_path / "runs.sqlite"), "KVSCOPE_LESSON_MODEL": tiny_model},
+                  ARTIFACTS / "streamlit-lessons.log")
+    yield d
+    d.stop()
+
+
+def test_lesson_10_in_chromium(dash):
+    from playwright.sync_api import expect, sync_playwright
+
+    from lessons import get_lesson
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport=VIEWPORT)
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(dash.url + "/lessons")
+            _nav(page, "Lessons")
+            page.get_by_text("Predict, run the real engine").wait_for(timeout=90_000)
+            page.locator("[data-testid='stSelectbox']").filter(has_text="Lesson").click()
+            page.get_by_role("option", name="10. Why is my prefix cache not hitting?").click()
+            expect(page.get_by_text('"My hit rate is 0%."')).to_be_visible()
+            for i in range(len(get_lesson(10).sections)):
+                page.get_by_role("button", name="Next").click()
+                expect(page.get_by_text(re.compile(rf"page {i + 2} of "))).to_be_visible()
+            page.get_by_text("no: the shared prefix is shorter than a block").click()
+            page.get_by_text("between 50% and 90%").click()
+            page.get_by_role("button", name="Run the scenario on the real engine").click()
+            expect(page.get_by_text("Look: what the run says")).to_be_visible(timeout=180_000)
+            body = page.locator("[data-testid='stMain']")
+            expect(body).to_contain_text("Computed from the run: no: the shared prefix is shorter "
+                                         "than a block (right: you predicted it)")
+            expect(body).to_contain_text("Computed from the run: 48 (no prediction)")
+            expect(body).to_contain_text("Computed from the run: evicted: cached, then reused")
+            expect(body).to_contain_text("Computed from the run: between 50% and 90% (right: you "
+                                         "predicted it)")
+            expect(body).to_contain_text("Takeaway.")
+            # the bars, the usage lines and the pool grid (plotly), the two tables
+            expect(page.locator(".js-plotly-plot")).to_have_count(3, timeout=30_000)
+            expect(page.locator("[data-testid='stDataFrame']")).to_have_count(2)
+            chart = page.locator(".js-plotly-plot").nth(1)
+            expect(chart).to_contain_text("kv_token_usage (tokens)")
+            chart.scroll_into_view_if_needed()
+            _shot(page, "lesson-10")
+        finally:
+            browser.close()
