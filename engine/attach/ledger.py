@@ -320,7 +320,8 @@ class FleetLedger:
             tokens = [t for key in ((e.medium, h) for h in ancestors) for t in p.blocks[key].token_ids] \
                 if p is not None else []
             self.replay.request(e.pod, e.ts, e.medium, chain, tokens + list(e.token_ids), e.block_size,
-                                achieved, max(reachable, achieved), self._capacities())
+                                achieved, max(reachable, achieved), self._capacities(),
+                                sum(x.peak_blocks for x in self.pods.values()))
 
     def _capacities(self) -> dict[str, int | None]:
         """Each pod's pool in blocks as the events tell it: its peak once it has evicted

@@ -26,8 +26,9 @@ none: only the engine's pool, medium GPU or none, is replayed).
   last ``LOAD_WINDOW_S`` of the engine clock, and Dynamo is told a request finished when it
   leaves that window;
 - a pod's pool size: its peak cached blocks once it has evicted (``FleetLedger._capacities``:
-  the pool was full then); before its first eviction no bound (it never had to evict). The LRU
-  frees a request's blocks tail first, as vLLM's free queue does;
+  the pool was full then); before its first eviction no bound (it never had to evict) but the
+  whole fleet's (every pod's peak summed: a memory guard). The LRU frees a request's blocks
+  tail first, as vLLM's free queue does;
 - hashes are comparable across pods (one hash scheme and seed), as the reachable figure needs;
 - a router sees a replayed pod's events at once (the real index lags a step).
 
@@ -64,6 +65,7 @@ class ReplayPod:
         self.name = name
         self.cached: OrderedDict[str, None] = OrderedDict()  # least recently used first
         self.capacity: int | None = None  # blocks; None: no bound known
+        self.guard: int | None = None  # without a capacity, at most this many (the fleet's peaks)
         self.in_flight: deque[tuple[float, str]] = deque()  # (arrival ts, request id)
         self.requests = 0
 
@@ -87,8 +89,9 @@ class ReplayPod:
             self.cached[h] = None
             self.cached.move_to_end(h)
         removed = []
-        if self.capacity is not None:
-            while len(self.cached) > self.capacity:
+        bound = self.capacity if self.capacity is not None else self.guard
+        if bound is not None:
+            while len(self.cached) > bound:
                 removed.append(self.cached.popitem(last=False)[0])
         self.in_flight.append((ts, request_id))
         self.requests += 1
@@ -138,9 +141,12 @@ class PolicyReplay:
 
     def request(self, origin: str, ts: float, medium: str | None, chain: Sequence[str],
                 token_ids: Sequence[int], block_size: int, achieved: int, reachable: int,
-                capacities: dict[str, int | None]) -> None:
+                capacities: dict[str, int | None], fleet_blocks: int = 0) -> None:
         """A request seen on pod ``origin``: its full blocks' hashes ``chain`` and tokens, what
-        its pod hit (``achieved`` blocks) and the most any real pod held (``reachable``)."""
+        its pod hit (``achieved`` blocks) and the most any real pod held (``reachable``).
+        ``capacities``: each pod's pool as known (None: no bound known); ``fleet_blocks``: the
+        pods' peaks summed, which a pod without a known bound never holds more than (a memory
+        guard: a replayed pod would otherwise keep every hash ever routed to it)."""
         if medium not in ENGINE_TIERS:
             self.skipped_tiers += 1
             return
@@ -164,6 +170,7 @@ class PolicyReplay:
         for pol in self.policies.values():
             for k, pod in enumerate(pol.pods):
                 pod.capacity = capacities.get(pod.name)
+                pod.guard = max(fleet_blocks, len(hashes))
                 for done in pod.expire(ts):
                     pol.router.finished(k, done)
             k = pol.router.route(req, pol.pods)

@@ -81,6 +81,9 @@ def test_replayed_pods_evict_at_the_real_pools_peak_and_finish_after_the_window(
     assert list(pod.cached) == ["y", "x"] and pod.load == 1
     assert pod.admit("r1", 1.0, ["x", "q"]) == (1, ["q"], ["y"])
     assert pod.expire(LOAD_WINDOW_S - 0.5) == [] and pod.expire(LOAD_WINDOW_S + 1.0) == ["r0", "r1"]
+    free = ReplayPod("b")  # no pool size known: at most the fleet's peaks (a memory guard)
+    free.guard = 3
+    assert free.admit("r2", 0.0, ["a", "b", "c", "d"]) == (0, ["a", "b", "c", "d"], ["d"])
     # a pod's capacity is known from the events once it evicted: its peak cached blocks
     replay = PolicyReplay(["a", "b"], policies=["round-robin"])
     led = fold(FleetLedger(replay=replay), stored(0, "a", ["A1", "A2", "A3"]),
