@@ -20,6 +20,7 @@ from dashboard.attached_page import attached_page
 from dashboard.figures.attached import per_pod_lines
 from dashboard.panels import PLOT_CONFIG
 from engine.attach.fleet import ENGINE_CAUSES, QUIET_ALERT_S, fleet_placement, miss_explainer, overview
+from engine.simulate.routers import ROUTERS
 
 
 def _pct(v) -> str:
@@ -117,7 +118,7 @@ def _policies(frame: AttachedFrame) -> None:
     for name, p in latest["policies"].items():
         table.append({"policy": name, "hit rate": _pct(p["hit_rate"]), "hit blocks": p["hit_blocks"],
                       "requests per pod": " · ".join(str(p["requests_per_pod"].get(q, 0)) for q in pods),
-                      "models": p["models"]})
+                      "models": ROUTERS[name].models if name in ROUTERS else "–"})
     st.markdown(f"The **{latest['requests']}** requests seen ({latest['blocks']} full prompt blocks) "
                 "routed again by each policy of `kvscope simulate` to a replayed fleet of the same "
                 f"{len(pods)} pod(s) ({', '.join(pods)}), beside what the pods used held and the best placement.")

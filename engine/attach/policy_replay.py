@@ -189,8 +189,9 @@ class PolicyReplay:
             self.points.append(point)
             self._point_from = ts
 
-    def summary(self) -> dict[str, Any]:
-        """The totals: per policy its hit blocks and rate, beside achieved and reachable."""
+    def summary(self, models: bool = True) -> dict[str, Any]:
+        """The totals: per policy its hit blocks and rate, beside achieved and reachable; with
+        ``models``, what real router each policy models (static: steps leave it out)."""
         n = self.blocks
 
         def rate(k: int) -> float | None:
@@ -200,9 +201,11 @@ class PolicyReplay:
         for name in self.policy_names:
             pol = (self.policies or {}).get(name)
             hit = 0 if pol is None else pol.hit_blocks
-            policies[name] = {"models": ROUTERS[name].models, "hit_blocks": hit, "hit_rate": rate(hit),
+            policies[name] = {"hit_blocks": hit, "hit_rate": rate(hit),
                               "requests_per_pod": {p.name: p.requests for p in pol.pods} if pol else
                               {p: 0 for p in self.pod_names}}
+            if models:
+                policies[name]["models"] = ROUTERS[name].models
         first = next(iter((self.policies or {}).values()), None)
         return {"requests": self.requests, "blocks": n, "block_size": self.block_size,
                 "achieved_blocks": self.achieved_blocks, "achieved_hit_rate": rate(self.achieved_blocks),

@@ -256,7 +256,7 @@ class AttachWorker(threading.Thread):
         out["fleet"] = self._fleet_rows(pod)
         replay = self.ledger.replay
         if replay is not None and (self._fleet_all_now or replay.requests != self.policy_summary.get("requests")):
-            out["policies"] = self.policy_summary = replay.summary()  # a request seen, or every pod's turn
+            out["policies"] = self.policy_summary = replay.summary(models=False)  # a request seen, or all pods' turn
         return out
 
     def policies(self) -> dict[str, Any]:

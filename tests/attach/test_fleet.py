@@ -22,6 +22,7 @@ from engine.attach.fleet import overview
 from engine.attach.pod_source import PodSource
 from engine.events.schema.hash_key import hash_key
 from engine.kv_events.mapping import vllm_block_hash
+from engine.simulate.routers import ROUTERS
 from tests.attach.fake_publisher import FakePublisher, free_port, removed, stored
 from tests.attach.helpers import source, start_attach, wait_until
 
@@ -316,6 +317,7 @@ def test_routing_policies_and_the_miss_explainer_on_the_fleet(fleet):
     assert got["requests"] >= 3 and got["blocks"] >= got["reachable_blocks"] >= got["achieved_blocks"]
     for name, pol in got["policies"].items():
         assert 0 <= pol["hit_blocks"] <= got["blocks"], name
+        assert pol["models"] == ROUTERS[name].models  # what real router it models
         assert sum(pol["requests_per_pod"].values()) == got["requests"]
         assert list(pol["requests_per_pod"]) == [*KV, "syn-map", "syn-array", "syn-sglang"]
     rr = got["policies"]["round-robin"]["requests_per_pod"]
