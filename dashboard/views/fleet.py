@@ -4,7 +4,10 @@ Live when this dashboard is connected to ``kvscope attach``; otherwise a stored 
 (at its last step). Each row is what the attach worker put in its steps
 (``engine.attach.fleet``: cached blocks, stored / removed / evicted blocks per minute, the
 share evicted before any reuse, index fidelity) with the pod's scraped hit rate and usage and
-the age of its latest batch (``fleet.overview``). The page only draws.
+the age of its latest batch (``fleet.overview``); then what each routing policy of
+``kvscope simulate`` would have done with the requests seen (``engine.attach.policy_replay``,
+riding on the steps as ``policies``), over time; then the miss explainer per pod
+(``fleet.miss_explainer``) beside the engine's own causes. The page only draws.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from dashboard.attached_frame import AttachedFrame, fleet_rows, pod_series
 from dashboard.attached_page import attached_page
 from dashboard.figures.attached import per_pod_lines
 from dashboard.panels import PLOT_CONFIG
-from engine.attach.fleet import QUIET_ALERT_S, fleet_placement, overview
+from engine.attach.fleet import ENGINE_CAUSES, QUIET_ALERT_S, fleet_placement, miss_explainer, overview
+from engine.simulate.routers import ROUTERS
 
 
 def _pct(v) -> str:
@@ -75,6 +79,93 @@ def render_fleet(frame: AttachedFrame, now_wall: float, live: bool) -> None:
     df = pod_series(frame.shown_records)
     st.plotly_chart(per_pod_lines(df, "cached_blocks", "Cached blocks per pod", "blocks"),
                     config=PLOT_CONFIG, key=f"fleet_{frame.source}_cached")
+    _policies(frame)
+    _misses(raw)
+
+
+ACHIEVED, REACHABLE = "achieved (the pods used)", "reachable (best placement)"
+
+
+def policy_series(records) -> pd.DataFrame:
+    """Long table for ``per_pod_lines``: per step that carried ``policies``, the cumulative hit
+    rate of each policy, and the achieved and reachable ones (``pod`` names the line)."""
+    rows = []
+    for r in records:
+        s = r.metrics.get("policies")
+        if not s or not s.get("blocks"):
+            continue
+        rows.append({"step": r.step, "pod": ACHIEVED, "hit_rate": s["achieved_hit_rate"]})
+        rows.append({"step": r.step, "pod": REACHABLE, "hit_rate": s["reachable_hit_rate"]})
+        for name, p in s["policies"].items():
+            rows.append({"step": r.step, "pod": name, "hit_rate": p["hit_rate"]})
+    return pd.DataFrame(rows, columns=["step", "pod", "hit_rate"])
+
+
+def _policies(frame: AttachedFrame) -> None:
+    latest = next((r.metrics["policies"] for r in reversed(frame.shown_records) if r.metrics.get("policies")),
+                  None)
+    st.subheader("What would each routing policy have done?")
+    if not latest or not latest.get("requests"):
+        st.caption("No request seen yet: a request is a stored chain that starts a prompt or branches "
+                   "below a cached block (the routing policies of `kvscope simulate` replay them).")
+        return
+    pods = latest.get("pods") or []
+    table = [{"policy": ACHIEVED, "hit rate": _pct(latest["achieved_hit_rate"]),
+              "hit blocks": latest["achieved_blocks"], "requests per pod": "as routed", "models": "the real router"},
+             {"policy": REACHABLE, "hit rate": _pct(latest["reachable_hit_rate"]),
+              "hit blocks": latest["reachable_blocks"], "requests per pod": "–",
+              "models": "any pod that held the prefix then"}]
+    for name, p in latest["policies"].items():
+        table.append({"policy": name, "hit rate": _pct(p["hit_rate"]), "hit blocks": p["hit_blocks"],
+                      "requests per pod": " · ".join(str(p["requests_per_pod"].get(q, 0)) for q in pods),
+                      "models": ROUTERS[name].models if name in ROUTERS else "–"})
+    st.markdown(f"The **{latest['requests']}** requests seen ({latest['blocks']} full prompt blocks) "
+                "routed again by each policy of `kvscope simulate` to a replayed fleet of the same "
+                f"{len(pods)} pod(s) ({', '.join(pods)}), beside what the pods used held and the best placement.")
+    st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
+    caps = latest.get("capacity_blocks") or {}
+    st.caption("Assumptions (the events cannot say more): a request is a stored chain that starts a prompt "
+               "or branches below a cached block (requests that stored nothing and later chunks of one "
+               "prompt are not seen); hits count full blocks; a replayed pod is an LRU of block hashes "
+               "sized by the real pod's peak cached blocks once it has evicted ("
+               + ", ".join(f"{q}: {'no bound yet' if c is None else c}" for q, c in caps.items())
+               + f"); its load counts the requests of the last {latest.get('load_window_s', 0):.0f} s, "
+               "as the events never say when a request ends. The oracle reads the replayed caches; "
+               "'reachable' reads the real ones. The same figures: GET /routers on the attach server.")
+    st.plotly_chart(per_pod_lines(policy_series(frame.shown_records), "hit_rate",
+                                  "Hit rate of the requests seen, per routing policy (cumulative)",
+                                  "hit rate (%)", percent=True),
+                    config=PLOT_CONFIG, key=f"fleet_{frame.source}_policies")
+
+
+def _misses(raw: dict) -> None:
+    st.subheader("Why did prompt tokens miss?")
+    rows = miss_explainer(raw)
+    if not any(r["missed_tokens"] or r["num_probes"] for r in rows):
+        st.caption("No miss yet: the requests seen and the locator's probes are explained here, per pod.")
+        return
+    table = []
+    for r in rows:
+        ev, pr, eng = r["events_as_engine"], r["probes_as_engine"], r["engine"]
+        table.append({"pod": r["pod"], "missed (events)": r["missed_tokens"],
+                      "causes (events)": _causes(r["events"]),
+                      **{f"{c} (events)": ev[c] for c in ENGINE_CAUSES},
+                      "probes": r["num_probes"], "causes (probes)": _causes(r["probes"]),
+                      **{f"{c} (engine)": ("–" if eng is None else int(eng.get(c, 0))) for c in ENGINE_CAUSES}})
+    st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
+    st.caption("Every missed prompt token has one cause, in tokens. Events: the requests seen, their "
+               "stored blocks (what they computed), each with the cause of the first missing block, as "
+               "the locator says it (evicted, cleared, restart, diverged, other_keys: LoRA, salt or extra "
+               "keys, last_token: the block holding the last prompt token recomputed, never_stored); the "
+               "partial last block is never stored, so events cannot show it. Probes: the prompt lookups "
+               "(POST /locate), with partial_block and below_block. Both are also summed into the engine's "
+               "own three causes (cold = never_stored, other_keys; evicted = evicted, cleared, restart; "
+               "partial = diverged, last_token, partial and below the block), beside the engine's own "
+               "counts where the pod's /metrics export them (kvscope pods).")
+
+
+def _causes(c: dict) -> str:
+    return " · ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1])) or "–"
 
 
 attached_page("Fleet: every pod at a glance", "fleet", render_fleet,

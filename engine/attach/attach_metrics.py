@@ -17,7 +17,11 @@ scrapes them). What is exported, labelled ``pod``:
   batch (``kvscope_attach_last_batch_age_seconds``), achieved against reachable hits
   (``kvscope_attach_placed_blocks_total``, ``..._achieved_blocks_total``,
   ``..._reachable_blocks_total``) and the prefix locator's answers
-  (``kvscope_attach_locate_queries_total``);
+  (``kvscope_attach_locate_queries_total``), the miss explainer's tokens by cause
+  (``kvscope_attach_miss_tokens_total{pod, cause, source}``, source ``events`` or ``probes``);
+- what each routing policy would have done with the requests seen
+  (``engine.attach.policy_replay``, labelled ``policy``): ``kvscope_attach_policy_hit_blocks_total``
+  beside ``kvscope_attach_policy_blocks_total`` (the requests' blocks, one series);
 - the websocket and recorder figures every kvscope server has:
   ``kvscope_steps_total``, ``kvscope_ws_connections``, ``kvscope_ws_dropped_step_messages_total``,
   ``kvscope_ws_errors_total{code}``, ``kvscope_recorder_up``, ``kvscope_recorder_backlog_steps``.
@@ -76,10 +80,12 @@ class AttachMetrics:
     def watch_attach(self, subscriptions: Callable[[], list[Any]],
                      counts: Callable[[], dict[str, dict[str, int]]],
                      fleet: Callable[[], tuple[dict[str, dict[str, Any]], dict[str, int]]] = lambda: ({}, {}),
-                     ) -> None:
-        """``fleet()``: (each pod's fleet row, each pod's locator answers)."""
+                     policies: Callable[[], dict[str, Any]] = dict) -> None:
+        """``fleet()``: (each pod's fleet row, each pod's locator answers); ``policies()``: the
+        policy replay's latest ``summary()``."""
         self.registry.register(_AttachCollector(subscriptions, counts))
         self.registry.register(_FleetCollector(fleet))
+        self.registry.register(_PolicyCollector(policies))
 
     def start_run(self, config: dict[str, Any]) -> None:
         pass  # one run per attach process: nothing restarts
@@ -182,3 +188,29 @@ class _FleetCollector:
         for pod, n in queries.items():
             fam.add_metric([pod], n)
         yield fam
+        fam = CounterMetricFamily("kvscope_attach_miss_tokens", "Missed prompt tokens by cause: of the "
+                                  "requests seen in the events, or of the locator's probes.",
+                                  labels=["pod", "cause", "source"])
+        for pod, r in rows.items():
+            for source, key in (("events", "miss_tokens"), ("probes", "probe_misses")):
+                for cause, n in sorted((r.get(key) or {}).items()):
+                    fam.add_metric([pod, cause, source], n)
+        yield fam
+
+
+class _PolicyCollector:
+    def __init__(self, policies: Callable[[], dict[str, Any]]) -> None:
+        self.policies = policies
+
+    def collect(self):
+        s = self.policies() or {}
+        blocks = CounterMetricFamily("kvscope_attach_policy_blocks", "Prompt blocks of the requests seen "
+                                     "(the policy replay's denominator).")
+        hits = CounterMetricFamily("kvscope_attach_policy_hit_blocks", "Of those, the blocks each routing "
+                                   "policy's replayed pod held (its hit).", labels=["policy"])
+        if s:
+            blocks.add_metric([], s.get("blocks", 0))
+            for name, p in (s.get("policies") or {}).items():
+                hits.add_metric([name], p.get("hit_blocks", 0))
+        yield blocks
+        yield hits

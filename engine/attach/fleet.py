@@ -12,7 +12,8 @@
 - the ledger (``engine.attach.ledger.PodLedger``): churn (blocks stored / removed / evicted per
   minute, the share evicted before any certain reuse), placement (achieved against reachable
   hits of the requests seen starting or branching on the pod; ``fleet_placement`` sums them),
-  duplicate and placeholder stores.
+  the miss explainer's sums (``miss_tokens`` by cause for those requests, ``probe_misses`` by
+  cause for the locator's probes), the peak cached blocks, duplicate and placeholder stores.
 
 **Completeness** is the share of the pod's batches, as numbered by its publisher up to the
 latest one seen, that were applied: ``received / (received + lost_batches)`` (None before any).
@@ -64,12 +65,9 @@ def pod_row(counters: dict[str, Any], pod: Any | None, ledger: PodLedger | None)
                clears=0 if pod is None else pod.clears,
                block_size=None if pod is None else pod.block_size,
                last_ts=None if pod is None else pod.last_ts)
-    if ledger is not None:
-        row.update(ledger.churn(), **ledger.placement(), duplicate_stores=ledger.duplicate_stores,
-                   placeholder_stores=ledger.placeholder_stores)
-    else:
-        row.update(PodLedger("").churn(), **PodLedger("").placement(), duplicate_stores=0,
-                   placeholder_stores=0)
+    led = ledger if ledger is not None else PodLedger("")
+    row.update(led.churn(), **led.placement(), **led.misses(), peak_blocks=led.peak_blocks,
+               duplicate_stores=led.duplicate_stores, placeholder_stores=led.placeholder_stores)
     return row
 
 
@@ -123,3 +121,39 @@ def fleet_placement(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "achieved_blocks": got, "reachable_blocks": best,
             "achieved_hit_rate": got / n if n else None, "reachable_hit_rate": best / n if n else None,
             "lost_blocks": best - got}
+
+
+ENGINE_CAUSES = ("cold", "evicted", "partial")  # an engine run's own (engine.core.miss_causes)
+# the attach causes as the engine's three read them: cold = never cached; evicted = cached once
+# (or under this very hash: recomputed); partial = the shared prefix ended inside the block, or
+# the block holds the last prompt token, or fills no block
+AS_ENGINE_CAUSE = {"never_stored": "cold", "other_keys": "cold", "no_blocks": "cold",
+                   "evicted": "evicted", "cleared": "evicted", "restart": "evicted",
+                   "diverged": "partial", "last_token": "partial", "partial_block": "partial",
+                   "below_block": "partial"}
+
+
+def miss_explainer(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per pod, the missed tokens by cause: of the requests seen in the events (``events``),
+    of the locator's probes (``probes``), both also in the engine's three causes
+    (``AS_ENGINE_CAUSE``), beside the engine's own counts where its /metrics export them
+    (kvscope's ``kvscope_prefix_cache_misses_total{cause}``: ``engine``)."""
+    out = []
+    for pod, r in rows.items():
+        sc = r.get("scraped") or {}
+        events, probes = dict(r.get("miss_tokens") or {}), dict(r.get("probe_misses") or {})
+        engine = {c: sc[f"prefix_cache_miss_{c}"] for c in ENGINE_CAUSES if f"prefix_cache_miss_{c}" in sc}
+        out.append({"pod": pod, "events": events, "events_as_engine": as_engine(events),
+                    "missed_tokens": sum(events.values()),
+                    "probes": probes, "probes_as_engine": as_engine(probes), "num_probes": r.get("probes", 0),
+                    "probe_missed_tokens": r.get("probe_prompt_tokens", 0) - r.get("probe_hit_tokens", 0),
+                    "engine": engine or None})
+    return out
+
+
+def as_engine(causes: dict[str, int]) -> dict[str, int]:
+    """Attach's causes summed into the engine's cold / evicted / partial."""
+    out = dict.fromkeys(ENGINE_CAUSES, 0)
+    for cause, n in causes.items():
+        out[AS_ENGINE_CAUSE.get(cause, "cold")] += n
+    return out

@@ -25,6 +25,20 @@ steps, or a stored run's records) with a ``HashCacheState`` inside and keeps, pe
   be told from a new request) are not seen; the hashes must be comparable across pods (one
   hash scheme and seed, as vLLM's sha256 default and kvscope have). ``/metrics`` give the
   engines' real hit rates beside it.
+- **miss causes** (issue 31's miss explainer, per pod): each such request's missed blocks
+  (the stored ones: a request stores what it computed) get one cause, the locator's rule
+  (``engine.attach.locator``): a chain is reused only up to its first missing block, so every
+  block from there on misses for that block's reason: ``evicted`` / ``cleared`` / ``restart``
+  (the removal memory has its hash), ``other_keys`` (a cached sibling holds its very tokens
+  under another hash), ``diverged`` (the pod caches another continuation of the prefix),
+  ``last_token`` (the block is cached already: the engine recomputed the block holding the
+  prompt's last token, vLLM's second copy) or ``never_stored``. In tokens (blocks x block
+  size), so per pod they add up to ``(placed_blocks - achieved_blocks) x block size``. The
+  partial last block and a prompt under one block are never stored, so events cannot show
+  them; the locator's probes (``add_probe``) can, and are summed apart.
+- **capacity**: the most blocks the pod held at once (``peak_blocks``), a lower bound of its
+  pool; once the pod has evicted, its pool was full then, so it is the pool's size as far as
+  events tell (``engine.attach.policy_replay`` sizes its replayed pods by it).
 - **event oddities** (the event side of the index fidelity monitor,
   ``engine.attach.fidelity``): placeholder stores (no tokens: an offload tier's hash),
   duplicate stores (a hash stored while cached: vLLM's recomputed copy), removals of
@@ -47,6 +61,7 @@ MAX_CHAIN_WALK = 4096  # ancestors walked to rebuild a stored chain's prefix (a 
 MAX_REMOVALS = 50_000  # per pod: (medium, hash) keys with a few fields, ~10 MB at most
 CHURN_WINDOW_S = 60.0  # "evicted per minute" counts the evictions of the last minute (engine ts)
 EVICTED, CLEARED, RESTART = "evicted", "cleared", "restart"
+DIVERGED, OTHER_KEYS, NEVER_STORED, LAST_TOKEN = "diverged", "other_keys", "never_stored", "last_token"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +79,8 @@ class Removal:
 
 
 class PodLedger:
-    __slots__ = ("placed_chains", "placed_blocks", "achieved_blocks", "reachable_blocks",
+    __slots__ = ("placed_chains", "placed_blocks", "achieved_blocks", "reachable_blocks", "miss_tokens",
+                 "probe_misses", "probes", "probe_prompt_tokens", "probe_hit_tokens", "roots", "peak_blocks",
                  "pod", "removals", "by_tokens", "mediums", "evicted", "evicted_unreused", "recent",
                  "placeholder_stores", "duplicate_stores", "stored_again_after_removal", "last_ts")
 
@@ -80,6 +96,38 @@ class PodLedger:
         self.placeholder_stores = self.duplicate_stores = self.stored_again_after_removal = 0
         self.last_ts: float | None = None
         self.placed_chains = self.placed_blocks = self.achieved_blocks = self.reachable_blocks = 0
+        self.miss_tokens: dict[str, int] = {}  # cause -> missed tokens of the requests seen (events)
+        self.probe_misses: dict[str, int] = {}  # cause -> missed tokens of the locator's probes
+        self.probes = self.probe_prompt_tokens = self.probe_hit_tokens = 0
+        # medium -> a root block's tokens -> its hashes: the roots cached now (parent None),
+        # to tell a first block's miss (diverged, other keys) without walking the pool
+        self.roots: dict[str | None, dict[tuple[int, ...], set[str]]] = {}
+        self.peak_blocks = 0  # the most blocks held at once since the attach
+
+    def misses(self) -> dict[str, Any]:
+        """The miss explainer's sums: the requests seen (events) and the locator's probes."""
+        return {"miss_tokens": dict(self.miss_tokens), "missed_tokens": sum(self.miss_tokens.values()),
+                "probes": self.probes, "probe_prompt_tokens": self.probe_prompt_tokens,
+                "probe_hit_tokens": self.probe_hit_tokens, "probe_misses": dict(self.probe_misses)}
+
+    def add_probe(self, prompt_tokens: int, hit_tokens: int, misses: dict[str, int]) -> None:
+        """A locator answer for this pod (its best tier's ``misses()``, which add up to
+        ``prompt_tokens - hit_tokens``)."""
+        self.probes += 1
+        self.probe_prompt_tokens += prompt_tokens
+        self.probe_hit_tokens += hit_tokens
+        for cause, n in misses.items():
+            self.probe_misses[cause] = self.probe_misses.get(cause, 0) + n
+
+    def _root_gone(self, medium: str | None, block_hash: str, token_ids: tuple[int, ...]) -> None:
+        by_tokens = self.roots.get(medium, {})
+        hs = by_tokens.get(token_ids)
+        if hs is not None:
+            hs.discard(block_hash)
+            if not hs:
+                del by_tokens[token_ids]
+                if not by_tokens:
+                    del self.roots[medium]
 
     def placement(self) -> dict[str, Any]:
         """The requests seen starting or branching here: prompt blocks, the blocks this pod
@@ -151,9 +199,11 @@ class PodLedger:
 class FleetLedger:
     """Fold an attached run's events; ``state`` is the cache, ``pods`` the ledgers."""
 
-    def __init__(self, state: HashCacheState | None = None) -> None:
+    def __init__(self, state: HashCacheState | None = None, replay: Any = None) -> None:
         self.state = state if state is not None else HashCacheState()
         self.pods: dict[str, PodLedger] = {}
+        # engine.attach.policy_replay.PolicyReplay: each request seen, routed by every policy
+        self.replay = replay
 
     def pod(self, name: str) -> PodLedger:
         p = self.pods.get(name)
@@ -168,6 +218,10 @@ class FleetLedger:
         for e in events:
             self._before(e, e.step if step is None else step)
             self.state.apply_event(e)
+            if isinstance(e, KVBlockStored):
+                p = self.state.pods[e.pod]
+                led = self.pod(e.pod)
+                led.peak_blocks = max(led.peak_blocks, len(p.blocks))
         if step is not None:
             self.state.step = step
 
@@ -180,6 +234,8 @@ class FleetLedger:
             if e.is_placeholder:
                 led.placeholder_stores += len(e.block_hashes)
             cached = self.state.pods.get(e.pod)
+            if not e.is_placeholder and e.block_hashes:
+                self._placement(led, e)  # before the removal memory forgets what is stored again
             new = 0
             for h in e.block_hashes:
                 if cached is not None and (e.medium, h) in cached.blocks:
@@ -189,8 +245,9 @@ class FleetLedger:
                 if led._forget(e.medium, h):
                     led.stored_again_after_removal += 1
             led._count("stored", e.ts, new)
-            if not e.is_placeholder and e.block_hashes:
-                self._placement(led, e)
+            if e.parent_hash is None and e.block_hashes and not e.is_placeholder and (
+                    cached is None or (e.medium, e.block_hashes[0]) not in cached.blocks):
+                led.roots.setdefault(e.medium, {}).setdefault(e.block_tokens(0), set()).add(e.block_hashes[0])
         elif isinstance(e, KVBlockRemoved):
             led = self.pod(e.pod)
             led.last_ts = _later(led.last_ts, e.ts)
@@ -210,6 +267,8 @@ class FleetLedger:
                     continue  # more removals than copies: the fold counts it as unknown
                 led._count("removed", e.ts)
                 if b.copies - pending[key] == 0:  # its last copy: the block leaves
+                    if b.parent is None:
+                        led._root_gone(b.medium, b.hash, b.token_ids)
                     led.evicted += 1
                     led.evicted_unreused += b.reuses == 0
                     led._count("evicted", e.ts)
@@ -255,6 +314,40 @@ class FleetLedger:
         led.placed_blocks += len(chain)
         led.achieved_blocks += achieved
         led.reachable_blocks += max(reachable, achieved)
+        cause = self._miss_cause(led, e)
+        led.miss_tokens[cause] = led.miss_tokens.get(cause, 0) + len(e.block_hashes) * e.block_size
+        if self.replay is not None:
+            tokens = [t for key in ((e.medium, h) for h in ancestors) for t in p.blocks[key].token_ids] \
+                if p is not None else []
+            self.replay.request(e.pod, e.ts, e.medium, chain, tokens + list(e.token_ids), e.block_size,
+                                achieved, max(reachable, achieved), self._capacities(),
+                                sum(x.peak_blocks for x in self.pods.values()))
+
+    def _capacities(self) -> dict[str, int | None]:
+        """Each pod's pool in blocks as the events tell it: its peak once it has evicted
+        (the pool was full then), else unknown (None: it never had to evict)."""
+        return {name: (led.peak_blocks if led.evicted else None) for name, led in self.pods.items()}
+
+    def _miss_cause(self, led: PodLedger, e: KVBlockStored) -> str:
+        """Why the chain's first stored block missed on its pod, before the fold applies it
+        (the locator's reasons, ``engine.attach.locator._why``, from the events alone)."""
+        h0, want = e.block_hashes[0], e.block_tokens(0)
+        p = self.state.pods.get(e.pod)
+        if p is not None and (e.medium, h0) in p.blocks:
+            return LAST_TOKEN  # cached already: a recomputed copy of the prompt's last block
+        gone = led.removal(e.medium, h0)
+        if gone is not None:
+            return gone.why
+        if e.parent_hash is None:
+            roots = led.roots.get(e.medium, {})
+            if any(h != h0 for h in roots.get(want, ())):
+                return OTHER_KEYS
+            return DIVERGED if roots else NEVER_STORED
+        kids = () if p is None else p.children.get((e.medium, e.parent_hash), ())
+        siblings = [p.blocks[(e.medium, k)] for k in kids if k != h0]
+        if any(b.token_ids == want for b in siblings):
+            return OTHER_KEYS
+        return DIVERGED if any(b.token_ids for b in siblings) else NEVER_STORED
 
     def _all_left(self, pod: str, ts: float, step: int, why: str) -> None:
         led = self.pod(pod)
@@ -263,6 +356,7 @@ class FleetLedger:
             return
         for b in p.blocks.values():
             led._remember(Removal(b.hash, b.medium, b.parent, b.token_ids, ts, step, why, b.reuses))
+        led.roots.clear()
 
 
 def _later(a: float | None, b: float) -> float:

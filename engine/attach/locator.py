@@ -140,6 +140,17 @@ class PodLocation:
         """The tier with the longest cached prefix (the first on a tie)."""
         return max(self.tiers, key=lambda t: t.cached_blocks, default=None)
 
+    @property
+    def hit_tokens(self) -> int:
+        b = self.best
+        return 0 if b is None else b.hit_tokens
+
+    def misses(self) -> dict[str, int]:
+        """The best tier's miss causes (``TierMatch.misses``); every token ``no_blocks`` on a
+        pod that has announced no block. They add up to the prompt less ``hit_tokens``."""
+        b = self.best
+        return {NO_BLOCKS: self.num_prompt_tokens} if b is None else b.misses()
+
     def to_dict(self) -> dict[str, Any]:
         b = self.best
         out: dict[str, Any] = {"pod": self.pod, "block_size": self.block_size,
@@ -149,7 +160,7 @@ class PodLocation:
             out.update(tier=None, method=None, cached_blocks=0, cached_tokens=0, hit_tokens=0,
                        **{"break": {"reason": NO_BLOCKS, "block": 0, "token": 0, "detail":
                                     "the pod has announced no cached block yet"}},
-                       misses={NO_BLOCKS: self.num_prompt_tokens})
+                       misses=self.misses())
         else:
             out.update(tier=b.medium, method=b.method, cached_blocks=b.cached_blocks,
                        cached_tokens=b.cached_tokens, hit_tokens=b.hit_tokens,

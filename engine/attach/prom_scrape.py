@@ -13,6 +13,7 @@ is read as starting again from 0):
 | ``prefix_cache_hit_rate`` | ``prefix_cache_hits`` / ``prefix_cache_queries`` (tokens, ``vllm:``, older ``vllm:gpu_``) | ``sglang:cache_hit_rate`` (its own gauge) |
 | ``num_preemptions`` | ``vllm:num_preemptions`` | ``sglang:num_retracted_requests`` |
 | ``ttft_*_s`` | ``vllm:time_to_first_token_seconds`` | ``sglang:time_to_first_token_seconds`` |
+| ``prefix_cache_miss_{cold,evicted,partial}`` | kvscope only: ``kvscope_prefix_cache_misses{cause}`` | – |
 
 Gauges summed over label sets (one series per engine or model), usage averaged.
 Pure Python (prometheus_client's parser); the thread is ``engine.attach.scraper``.
@@ -37,6 +38,10 @@ COUNTERS = {  # figure -> candidate counter names (without _total)
     "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
     "num_preemptions": ("vllm:num_preemptions", "sglang:num_retracted_requests"),
+}
+LABELLED_COUNTERS = {  # figure -> (counter name without _total, label, value): one label set's series
+    f"prefix_cache_miss_{cause}": ("kvscope_prefix_cache_misses", "cause", cause)
+    for cause in ("cold", "evicted", "partial")  # the engine's own miss causes (kvscope pods)
 }
 TTFT = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
 
@@ -75,6 +80,11 @@ def read_sample(text: str) -> RawSample:
             if values:
                 counters[figure] = sum(values)
                 break
+    for figure, (name, label, value) in LABELLED_COUNTERS.items():
+        values = [v for labels, v in samples.get(name + "_total", samples.get(name, ()))
+                  if labels.get(label) == value]
+        if values:
+            counters[figure] = sum(values)
     ttft_sum = ttft_count = None
     buckets: dict[float, float] = {}
     for name in TTFT:

@@ -13,7 +13,14 @@
   segment, topic, frame layout, how it came, wall time, size, dialect) each decoded field by
   field (``engine.attach.wire.explain``); 404 for a pod attach does not follow.
 
-Both need the server token when one is set (401), and refuse a browser Origin that is not
+- ``GET /routers``: what each routing policy of ``kvscope simulate`` would have done with the
+  requests seen (``engine.attach.policy_replay``): ``{"step", "requests", "blocks",
+  "achieved_hit_rate", "reachable_hit_rate", "policies": {NAME: {"hit_blocks", "hit_rate",
+  "requests_per_pod", "models"}}, "capacity_blocks", "series": [{"ts", "requests", "blocks",
+  "achieved_blocks", "reachable_blocks", "hit_blocks": {NAME: n}}]}`` (cumulative, one point
+  per second of engine time).
+
+All need the server token when one is set (401), and refuse a browser Origin that is not
 the dashboard's (403), as the websocket door does.
 
 Writer: none (reads the worker under its lock, in a thread off the event loop).
@@ -67,7 +74,8 @@ class AttachRoutes:
 
     def routes(self) -> list[BaseRoute]:
         return [Route("/locate", self.locate, methods=["POST"]),
-                Route("/wire", self.wire, methods=["GET", "HEAD"])]
+                Route("/wire", self.wire, methods=["GET", "HEAD"]),
+                Route("/routers", self.routers, methods=["GET", "HEAD"])]
 
     def _refused(self, request: Request) -> Response | None:
         if not self.gate.origin_ok(request):
@@ -130,6 +138,13 @@ class AttachRoutes:
             return _bad(f"no pod {pod!r} here; attach follows {', '.join(map(repr, subs)) or 'none'} "
                         "(ask /wire?pod=NAME)", 404, "not_found")
         return JSONResponse({"pod": pod, "batches": wire_batches(subs[pod].last_frames())})
+
+
+    async def routers(self, request: Request) -> Response:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        return JSONResponse(await asyncio.to_thread(self.worker().policies))
 
 
 def wire_batches(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -98,7 +98,8 @@ class AttachServer(FrontDoor):
         self.metrics.watch_attach(lambda: self.subscriptions,
                                   lambda: {} if self.worker is None else self.worker.counts,
                                   lambda: ({}, {}) if self.worker is None else
-                                  (self.worker.fleet, dict(self.worker.locate_queries)))
+                                  (self.worker.fleet, dict(self.worker.locate_queries)),
+                                  lambda: {} if self.worker is None else self.worker.policy_summary)
 
     @property
     def run_id(self) -> str | None:

@@ -13,8 +13,10 @@ answers with deliveries. Each item becomes one step, in arrival order:
 Every step's metrics hold the batch's origin (pod, source seq, segment, replayed, how it
 came: ``fill``, its dialect: ``wire``, source ts), each pod's cached / stored / removed block
 counts and holes, each pod's latest scraped figures (``scraped``), and the fleet rows
-(``fleet``, ``engine.attach.fleet.pod_row``: fidelity and churn) of the step's pod and, every
-``FLEET_EVERY_S``, of every pod. Steps are folded by the ledger (``engine.attach.ledger``:
+(``fleet``, ``engine.attach.fleet.pod_row``: fidelity, churn, miss causes) of the step's pod
+and, every ``FLEET_EVERY_S``, of every pod; what each routing policy would have done with the
+requests seen (``policies``, ``engine.attach.policy_replay``) rides on every step that saw a
+request and with every pod's rows. Steps are folded by the ledger (``engine.attach.ledger``:
 the hash-only reducer ``HashCacheState`` plus removals and churn), recorded (run kind
 ``attached``) and published. The hub's ops
 that would change an engine (submit, abort, reset, restart) are refused: the engine
@@ -39,6 +41,7 @@ from engine.attach.fleet import pod_row
 from engine.attach.ledger import FleetLedger
 from engine.attach.locator import PodLocation, locate
 from engine.attach.pod_source import PodSource
+from engine.attach.policy_replay import PolicyReplay
 from engine.attach.stream_items import Hole, NewSegment, Received, StreamItem
 from engine.attach.translate import translate
 from engine.events.folds.run_kind import RunKind
@@ -76,13 +79,16 @@ class AttachWorker(threading.Thread):
         self.label = label
         self.scrapers = dict(scrapers or {})
         self.limits = dict(limits or {})
-        self.ledger = FleetLedger()  # the fold (``state``) and what it forgets (removals, churn)
+        # the fold (``state``), what it forgets (removals, churn), and every routing policy's replay
+        self.ledger = FleetLedger(replay=PolicyReplay([p.pod for p in self.pods]) if self.pods else None)
         self.state = self.ledger.state
         self.lock = threading.Lock()  # held while a step is folded, and while a locate reads
         self.locate_queries: dict[str, int] = {}  # per pod: locator answers given (read by /metrics)
         self.wire_counters = wire_counters or (lambda pod: {})  # a pod's PodSubscription.counters()
         self.fleet: dict[str, dict[str, Any]] = {}  # per pod, the latest row (engine.attach.fleet)
         self._fleet_all_at = 0.0  # when the last step carried every pod's row
+        self._fleet_all_now = False  # the step being made carries every pod's row
+        self.policy_summary: dict[str, Any] = {}  # the latest replay totals (read by /metrics)
         self.run_id: str | None = None
         self.num_steps = 0
         self.counts: dict[str, dict[str, int]] = {}  # per pod, swapped whole (read by /metrics)
@@ -220,7 +226,8 @@ class AttachWorker(threading.Thread):
         """The rows of ``pod`` (the step's) and, every ``FLEET_EVERY_S``, of every pod given."""
         now = time.monotonic()
         names = [p.pod for p in self.pods]
-        if pod is None or now - self._fleet_all_at >= FLEET_EVERY_S:
+        self._fleet_all_now = pod is None or now - self._fleet_all_at >= FLEET_EVERY_S
+        if self._fleet_all_now:
             self._fleet_all_at = now
             chosen = names + [n for n in self.state.pods if n not in names]
         else:
@@ -247,7 +254,19 @@ class AttachWorker(threading.Thread):
         if scraped:
             out["scraped"] = scraped
         out["fleet"] = self._fleet_rows(pod)
+        replay = self.ledger.replay
+        if replay is not None and (self._fleet_all_now or replay.requests != self.policy_summary.get("requests")):
+            out["policies"] = self.policy_summary = replay.summary(models=False)  # a request seen, or all pods' turn
         return out
+
+    def policies(self) -> dict[str, Any]:
+        """Each routing policy's replay (``engine.attach.policy_replay``): totals and the
+        series over time, for ``GET /routers``. Any thread."""
+        with self.lock:
+            replay = self.ledger.replay
+            if replay is None:
+                return {"step": self._last_seq, "requests": 0, "policies": {}, "series": []}
+            return {"step": self._last_seq, **replay.summary(), "series": replay.series()}
 
     def locate(self, token_ids: list[int]) -> tuple[int, list[PodLocation]]:
         """(step, each pod's answer) for a prompt: ``engine.attach.locator`` on the live fold.
@@ -257,6 +276,8 @@ class AttachWorker(threading.Thread):
             snap = self.state.to_snapshot()
             out = locate(snap, token_ids, self.ledger,
                          names + [p for p in snap.pods if p not in names])
+            for loc in out:  # the miss explainer's probe sums, per pod
+                self.ledger.pod(loc.pod).add_probe(loc.num_prompt_tokens, loc.hit_tokens, loc.misses())
         for loc in out:
             self.locate_queries[loc.pod] = self.locate_queries.get(loc.pod, 0) + 1
         return snap.step, out

@@ -1,6 +1,6 @@
 """The Attached view in real Chromium (Playwright): live on a running ``kvscope attach``
 over two synthetic pods (the prefix locator's answer, then the Fleet page), then the stored
-run in Replay and on the Attached page. Screenshots go to test-artifacts/dashboard/attached-*.png and fleet.png
+run in Replay and on the Attached page. Screenshots go to test-artifacts/dashboard/attached-*.png and fleet*.png
 (with KVSCOPE_UPDATE_SCREENSHOTS=1 fleet.png is copied to docs/screenshots for the README)."""
 
 from __future__ import annotations
@@ -89,6 +89,17 @@ def test_attached_view_in_chromium_live_and_stored(stack):
             page.locator("[data-testid='stDataFrame']").first.wait_for()
             page.get_by_text("Pause updates").first.click()
             _shot(page, "fleet")
+            # each routing policy on the same requests, and why tokens missed, per pod
+            heading = page.get_by_text("What would each routing policy have done?")
+            heading.scroll_into_view_if_needed()
+            expect(heading).to_be_visible()
+            expect(page.get_by_text(re.compile(r"The 6 requests seen \(22 full prompt blocks\)"))).to_be_visible()
+            expect(page.get_by_text("Hit rate of the requests seen, per routing policy (cumulative)")).to_be_visible()
+            _shot(page, "fleet-policies")
+            misses = page.get_by_text("Why did prompt tokens miss?")
+            misses.scroll_into_view_if_needed()
+            expect(misses).to_be_visible()
+            _shot(page, "fleet-misses")
             _nav(page, "Attached")
 
             srv.stop()  # the run is finished and stored

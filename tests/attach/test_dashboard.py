@@ -177,6 +177,20 @@ def test_the_fleet_page_has_a_row_per_pod_live_and_stored(env):
     assert ("Of the 22 prompt blocks of the 6 requests seen starting or branching, the pods they "
             "went to held 12 (54.5%)") in texts(at)
     assert any("**pod-b**: 1 batch(es) lost" in w.value for w in at.warning)
+    # each routing policy over the same 6 requests: the prefix scorers and the oracle keep
+    # pod-a's branches where the system prompt is (12 of 22), round-robin alternates (6)
+    pol = {r["policy"]: r for r in at.dataframe[1].value.to_dict("records")}
+    assert list(pol)[:2] == ["achieved (the pods used)", "reachable (best placement)"]
+    assert {n: pol[n]["hit blocks"] for n in ("achieved (the pods used)", "reachable (best placement)",
+                                              "precise-prefix", "oracle", "round-robin")} == {
+        "achieved (the pods used)": 12, "reachable (best placement)": 12, "precise-prefix": 12,
+        "oracle": 12, "round-robin": 6}
+    assert (pol["oracle"]["hit rate"], pol["round-robin"]["requests per pod"]) == ("54.5%", "3 · 3")
+    # the miss explainer: pod-a's first request cold (3 blocks), its 3 branches diverged
+    miss = {r["pod"]: r for r in at.dataframe[2].value.to_dict("records")}
+    assert (miss["pod-a"]["missed (events)"], miss["pod-a"]["causes (events)"]) == (24, "never_stored 12 · diverged 12")
+    assert (miss["pod-a"]["cold (events)"], miss["pod-a"]["partial (events)"], miss["pod-a"]["cold (engine)"]) == (12, 12, "–")
+    assert (miss["pod-b"]["missed (events)"], miss["pod-b"]["causes (events)"]) == (16, "never_stored 12 · diverged 4")
     env.stop()  # the stored run shows the same rows at its last step
     release_streamlit_resources()  # the dashboard's connection to the stopped attach
     at = AppTest.from_file(str(APP), default_timeout=60).run()

@@ -22,6 +22,7 @@ from engine.attach.fleet import overview
 from engine.attach.pod_source import PodSource
 from engine.events.schema.hash_key import hash_key
 from engine.kv_events.mapping import vllm_block_hash
+from engine.simulate.routers import ROUTERS
 from tests.attach.fake_publisher import FakePublisher, free_port, removed, stored
 from tests.attach.helpers import source, start_attach, wait_until
 
@@ -299,3 +300,48 @@ def test_fidelity_counts_what_each_pod_did_on_the_wire(fleet):
     assert arr["events[0]"]["value"].startswith("tagged array of") and arr["events[0].medium"]["value"] == "GPU"
     status, got = http(srv.url.replace("ws://", "http://") + "/wire?pod=nope", method="GET")
     assert status == 404 and "'syn-map'" in got["detail"]
+
+
+def test_routing_policies_and_the_miss_explainer_on_the_fleet(fleet):
+    srv, llms, pubs, done = fleet
+    publish_synthetic(srv, pubs, done)
+    base = srv.url.replace("ws://", "http://")
+    wait_until(lambda: srv.worker.policy_summary.get("requests", 0) >= 1, what="a policy summary")
+    status, got = http(base + "/routers", method="GET")
+    assert status == 200
+    # every policy of kvscope simulate, over the same requests as achieved and reachable
+    assert list(got["policies"]) == ["round-robin", "least-loaded", "precise-prefix", "approx-prefix",
+                                     "dynamo", "oracle"]
+    f = dict(srv.worker.fleet)
+    gpu = {p: f[p] for p in f if p != "syn-sglang"}  # its chains: GPU then CPU_PINNED placeholders
+    assert got["requests"] >= 3 and got["blocks"] >= got["reachable_blocks"] >= got["achieved_blocks"]
+    for name, pol in got["policies"].items():
+        assert 0 <= pol["hit_blocks"] <= got["blocks"], name
+        assert pol["models"] == ROUTERS[name].models  # what real router it models
+        assert sum(pol["requests_per_pod"].values()) == got["requests"]
+        assert list(pol["requests_per_pod"]) == [*KV, "syn-map", "syn-array", "syn-sglang"]
+    rr = got["policies"]["round-robin"]["requests_per_pod"]
+    assert max(rr.values()) - min(rr.values()) <= 1  # in turn
+    series = got["series"]
+    assert series and series[-1]["requests"] == got["requests"]
+    assert [p["requests"] for p in series] == sorted(p["requests"] for p in series)
+    assert got["achieved_blocks"] <= sum(r["achieved_blocks"] for r in gpu.values()) + f["syn-sglang"]["achieved_blocks"]
+    # the miss explainer: per pod, the causes of the requests seen add up to their missed blocks
+    for pod, r in f.items():
+        bs = r["block_size"] or 0
+        assert sum(r["miss_tokens"].values()) == r["missed_tokens"] \
+            == (r["placed_blocks"] - r["achieved_blocks"]) * bs, pod
+    assert f["kv-1"]["miss_tokens"].get("never_stored", 0) >= 1  # its first prompt: cold
+    # and the locator's probes, per pod: they add up to the prompts less the hits
+    assert all(sum(r["probe_misses"].values()) == r["probe_prompt_tokens"] - r["probe_hit_tokens"]
+               for r in f.values())
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    hits = {s.labels["policy"]: s.value for s in samples if s.name == "kvscope_attach_policy_hit_blocks_total"}
+    assert set(hits) == set(got["policies"])
+    (blocks,) = [s.value for s in samples if s.name == "kvscope_attach_policy_blocks_total"]
+    assert blocks >= got["requests"]
+    miss = {(s.labels["pod"], s.labels["cause"]): s.value for s in samples
+            if s.name == "kvscope_attach_miss_tokens_total" and s.labels["source"] == "events"}
+    assert miss[("kv-1", "never_stored")] >= 1

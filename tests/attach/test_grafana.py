@@ -73,5 +73,14 @@ def test_every_panel_of_the_attach_dashboard_answers_from_a_real_prometheus(stac
     assert by_pod("kvscope_attach_lost_batches_total") == {"pod-a": 0.0, "pod-b": 1.0}
     reachable = by_pod(q["Hit rate: achieved against reachable (from the events)"])  # its last target
     assert reachable["pod-a"] == 0.0  # each pod-a request started a prompt no pod held
+    # each routing policy replayed on the requests seen: ten prompts no pod held, so no hit
+    rates = {r["metric"]["policy"]: float(r["value"][1])
+             for r in _query(api, q["Hit rate per routing policy (the requests seen, replayed)"])}
+    assert rates == dict.fromkeys(("round-robin", "least-loaded", "precise-prefix", "approx-prefix",
+                                   "dynamo", "oracle"), 0.0)
+    causes = {(r["metric"]["pod"], r["metric"]["cause"]): float(r["value"][1])
+              for r in _query(api, q["Missed prompt tokens by cause (the requests seen)"])}
+    # pod-a: its first prompt cold, the seven after it diverged from the root it still held
+    assert (causes[("pod-a", "never_stored")], causes[("pod-a", "diverged")]) == (4.0, 28.0)
     info = {r["metric"]["pod"]: r["metric"] for r in _query(api, q["Dialect per pod (latest batch)"])}
     assert (info["pod-a"]["events"], info["pod-b"]["events"], info["pod-b"]["frames"]) == ("map", "array", "3")

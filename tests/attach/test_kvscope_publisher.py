@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from engine.attach.fleet import miss_explainer
 from engine.attach.pod_source import PodSource
 from engine.attach.prefix_match import BY_HASH, BY_TOKENS, SHA256, detect_scheme, longest_prefix
 from engine.attach.tokenizer_file import resolve_tokenizer_file
@@ -139,3 +140,12 @@ def test_attach_follows_kvscope_serve_exactly(tiny_llama, tmp_path):
     scraped = records[-1].metrics["scraped"][POD]
     assert 0 <= scraped["kv_cache_usage"] <= 1 and scraped["prefix_cache_hits"] > 0
     assert scraped["ttft_count"] >= 1 and scraped["prefix_cache_hit_rate"] > 0
+    # the miss explainer beside the engine's own causes, scraped from its /metrics: the engine's
+    # cold / evicted / partial add up to its missed tokens, the events' causes to the blocks stored
+    engine = {c: scraped[f"prefix_cache_miss_{c}"] for c in ("cold", "evicted", "partial")}
+    assert sum(engine.values()) == scraped["prefix_cache_queries"] - scraped["prefix_cache_hits"]
+    assert engine["cold"] > 0 and engine["partial"] > 0
+    row = srv.worker.fleet[POD]
+    assert sum(row["miss_tokens"].values()) == (row["placed_blocks"] - row["achieved_blocks"]) * row["block_size"] > 0
+    (ex,) = miss_explainer({POD: {**row, "scraped": scraped}})
+    assert ex["engine"] == engine and ex["events_as_engine"]["cold"] > 0

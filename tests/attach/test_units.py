@@ -294,3 +294,17 @@ def test_runs_listing_shows_no_model_for_an_attached_run():
     for model in (None, "prod pods"):  # new rows, and rows recorded with the label as model
         row = format_runs([{**base, "model": model}]).splitlines()[1].split()
         assert row[-6:] == ["attached,", "2", "pod(s)", "-", "prod", "pods"]
+
+
+def test_kvscope_miss_causes_are_read_by_cause_label():
+    text = ("# TYPE kvscope_prefix_cache_misses counter\n"
+            'kvscope_prefix_cache_misses_total{cause="cold"} 40\n'
+            'kvscope_prefix_cache_misses_total{cause="evicted"} 8\n'
+            'kvscope_prefix_cache_misses_total{cause="partial"} 3\n'
+            'kvscope_prefix_cache_misses_total{cause="disabled"} 100\n')
+    fold = ScrapeFold()
+    fold.add(read_sample(text))
+    fold.add(read_sample(text.replace(" 40", " 52").replace(" 3\n", " 7\n")))
+    f = fold.figures()  # increases since the attach, one cause each
+    assert (f["prefix_cache_miss_cold"], f["prefix_cache_miss_evicted"], f["prefix_cache_miss_partial"]) == (12, 0, 4)
+    assert "prefix_cache_miss_disabled" not in f
