@@ -16,6 +16,11 @@ An attach server (in-process, recording) and an independent pyzmq subscriber
    vLLM's hit and say where the chain breaks (block 3: never stored, as no request reached
    128 tokens), then the probe is sent.
 
+The same attach follows three synthetic pods beside it (tests/attach/test_fleet.py's: tagged maps
+with int hashes and a gap its replay fills, tagged arrays with bytes hashes and a hole, SGLang's
+field set with offload placeholders), so the fleet microscope is checked on four pods at once
+with a real vLLM among them.
+
 Checked: the recorded run's cached hashes (and their copies) equal the independent
 subscriber's fold; the prediction equals vLLM's ``cached_tokens`` (96: b0, b1 and the
 surviving copy of b2), where a fold without copies predicts 64 (the issue's tiny-pool case);
@@ -36,7 +41,9 @@ from engine.attach.prefix_match import BY_HASH, SHA256, detect_scheme, longest_p
 from engine.events.folds.hash_cache_state import HashCacheState
 from engine.events.schema.hash_key import hash_key
 from engine.store.runs import RunStore
-from tests.attach.helpers import start_attach, wait_until
+from tests.attach.fake_publisher import FakePublisher
+from tests.attach.helpers import source as fake_source, start_attach, wait_until
+from tests.attach.test_fleet import publish_synthetic
 from tests.vllm.kv_stream import RawStream, fold_copies
 from bench.vllm_servers import BLOCK_SIZE, MODEL_NAME
 
@@ -78,8 +85,14 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
     source = PodSource(POD, pod.events_endpoint, pod.replay_endpoint, metrics=pod.base_url + "/metrics")
     stream = RawStream(pod.events_endpoint)
     attach = late = None
+    pubs = {"syn-map": FakePublisher(), "syn-array": FakePublisher(encoding="array", replay_layout=2),
+            "syn-sglang": FakePublisher(replay_layout=2)}
     try:
-        attach = start_attach(tmp_path, source, scrape_interval_s=0.5)
+        attach = start_attach(tmp_path, source, *(fake_source(p, name) for name, p in pubs.items()),
+                              scrape_interval_s=0.5)
+        for p in pubs.values():
+            p.wait_subscriber()
+        publish_synthetic(attach, pubs, {})
         stream.join(pod, client)  # the reset clears both views: from here they must agree
 
         r1, _ = _complete(client, P, GEN)
@@ -119,7 +132,12 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
         req = urllib.request.Request(attach.url.replace("ws://", "http://") + "/locate",
                                      data=json.dumps({"token_ids": probe}).encode(), method="POST")
         with urllib.request.urlopen(req, timeout=30) as resp:
-            (located,) = json.loads(resp.read())["pods"]
+            answer = json.loads(resp.read())
+        by_pod = {p["pod"]: p for p in answer["pods"]}
+        assert set(by_pod) == {POD, *pubs}, by_pod.keys()
+        for p in answer["pods"]:  # every missed token has one cause, on every pod
+            assert p["hit_tokens"] + sum(p["misses"].values()) == answer["prompt_tokens"], p
+        located = by_pod[POD]
         _, served = _complete(client, probe, 1)
         assert (located["method"], located["tier"], located["hit_tokens"]) == ("hash", "GPU", served)
         assert (located["break"]["reason"], located["break"]["block"]) == ("never_stored", 3)
@@ -127,6 +145,11 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
         assert (row["completeness"], row["lost_batches"], row["restarts"]) == (1.0, 0, 0)
         assert (row["dialect"]["events"], row["dialect"]["hashes"]) == ("map", "int")
         assert row["duplicate_stores"] >= 1 and row["removed_blocks"] >= 1  # b2's second copy; the LRU walk
+        fleet = attach.worker.fleet  # the synthetic pods beside it, each with its own faults
+        assert (fleet["syn-map"]["gaps_filled"], fleet["syn-map"]["lost_batches"]) == (1, 0)
+        assert (fleet["syn-array"]["gaps_unfilled"], fleet["syn-array"]["lost_batches"]) == (1, 1)
+        assert (fleet["syn-sglang"]["placeholder_stores"], fleet["syn-sglang"]["completeness"]) == (3, 1.0)
+        assert attach.worker.state.cached("syn-map") == {format(x, "016x") for x in (1, 2, 4, 5)}
         assert predicted.method == BY_HASH
         assert predicted.hit_tokens == served == 3 * BLOCK_SIZE and old_blocks * BLOCK_SIZE == 64
         stream.settle(1.0)
@@ -160,3 +183,5 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
         for s in (attach, late):
             if s is not None:
                 s.stop()
+        for p in pubs.values():
+            p.close()
