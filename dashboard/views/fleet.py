@@ -31,6 +31,11 @@ def _age(v) -> str:
     return "–" if v is None else f"{v:.0f} s" if v >= 10 else f"{v:.1f} s"
 
 
+def _span(low, high) -> str:
+    """A token usage: exact (kvscope pods) or the bound an attached stream allows."""
+    return "–" if low is None else _pct(low) if low == high else f"{_pct(low)}–{_pct(high)}"
+
+
 def render_fleet(frame: AttachedFrame, now_wall: float, live: bool) -> None:
     """The table, what to look at, and cached blocks over time."""
     raw = fleet_rows(frame)
@@ -42,7 +47,8 @@ def render_fleet(frame: AttachedFrame, now_wall: float, live: bool) -> None:
     table = pd.DataFrame([{
         "pod": r["pod"], "cached blocks": r["cached_blocks"], "last event": _age(r["last_event_age_s"]),
         "index completeness": _pct(r["completeness"]),
-        "hit rate": _pct(r["hit_rate"]), "KV usage": _pct(r["kv_usage"]),
+        "hit rate": _pct(r["hit_rate"]), "KV usage (blocks)": _pct(r["kv_usage"]),
+        "token usage": _span(r["token_usage_low"], r["token_usage_high"]),
         "hit (events)": _pct(r["achieved_hit_rate"]), "reachable (events)": _pct(r["reachable_hit_rate"]),
         "stored /min": round(r["stored_per_min"], 1), "removed /min": round(r["removed_per_min"], 1),
         "evicted /min": round(r["evicted_per_min"], 1),
@@ -51,7 +57,10 @@ def render_fleet(frame: AttachedFrame, now_wall: float, live: bool) -> None:
         "look at": "; ".join(r["alerts"]) or "–", "dialect": r["dialect"] or "–"} for r in rows])
     total = sum(r["cached_blocks"] for r in rows)
     st.caption(f"{len(rows)} pod(s) · {total} cached blocks in all · step {frame.step}"
-               + ("" if live else " (a stored run: ages are at its last step)"))
+               + ("" if live else " (a stored run: ages are at its last step)")
+               + " · token usage: the filled token slots' share of the pool, exact where the pod "
+                 "exports it (kvscope), else the range its block usage, pool size and stored full "
+                 "blocks allow while its stream is complete (vLLM #57336)")
     st.dataframe(table, hide_index=True, width="stretch")
     fp = fleet_placement(raw)
     if fp["placed_chains"]:

@@ -38,6 +38,7 @@ from typing import Any
 
 from engine.attach.ledger import PodLedger
 from engine.attach.wire import dialect_key
+from engine.events.metrics.occupancy import TokenUsageBound
 
 FIDELITY_KEYS = ("received", "gaps", "gaps_filled", "holes", "lost_batches", "restarts",
                  "duplicate_batches", "bad_messages", "replay_failures")
@@ -64,11 +65,36 @@ def pod_row(counters: dict[str, Any], pod: Any | None, ledger: PodLedger | None)
                unknown_removals=0 if pod is None else pod.unknown_removals,
                clears=0 if pod is None else pod.clears,
                block_size=None if pod is None else pod.block_size,
+               gpu_stored_copies=0 if pod is None else sum(b.copies for b in pod.blocks.values()
+                                                           if b.medium in GPU_MEDIUMS),
                last_ts=None if pod is None else pod.last_ts)
     led = ledger if ledger is not None else PodLedger("")
     row.update(led.churn(), **led.placement(), **led.misses(), peak_blocks=led.peak_blocks,
                duplicate_stores=led.duplicate_stores, placeholder_stores=led.placeholder_stores)
     return row
+
+
+GPU_MEDIUMS = ("GPU", None)  # the engine's own pool (an event without a medium is vLLM's GPU)
+
+
+def token_usage(r: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(low, high) of the pod's token usage, the filled token slots' share of the pool (issue 31
+    item 6, ``engine.events.metrics.occupancy``): exact (low == high) where the pod exports it
+    (kvscope's ``kvscope_kv_token_usage``); else ``TokenUsageBound`` from its scraped block usage
+    and pool size and the stored copies the events say it holds, only while the stream is
+    complete (a lost batch leaves the copies unknown); else (None, None)."""
+    sc = r.get("scraped") or {}
+    if sc.get("kv_token_usage") is not None:
+        return sc["kv_token_usage"], sc["kv_token_usage"]
+    usage, blocks = sc.get("kv_cache_usage"), sc.get("num_gpu_blocks")
+    if usage is None or not blocks or r.get("completeness") != 1.0 or r.get("restarts"):
+        return None, None
+    n = int(blocks) - 1  # vLLM's null block is never handed out (its usage leaves it out)
+    try:
+        b = TokenUsageBound.of(n, min(n, round(usage * n)), min(n, r.get("gpu_stored_copies", 0)))
+    except ValueError:
+        return None, None
+    return b.low, b.high
 
 
 QUIET_ALERT_S = 60.0  # a pod silent this long (wall clock) is flagged: are its events reaching us?
@@ -97,6 +123,7 @@ def overview(rows: dict[str, dict[str, Any]], now_wall: float) -> list[dict[str,
         if sc.get("error"):
             alerts.append("the last /metrics scrape failed")
         d = r.get("dialect") or {}
+        low, high = token_usage(r)
         out.append({"pod": pod, "cached_blocks": r.get("cached_blocks", 0), "block_size": r.get("block_size"),
                     "stored_per_min": r.get("stored_per_min", 0.0),
                     "removed_per_min": r.get("removed_per_min", 0.0),
@@ -104,6 +131,7 @@ def overview(rows: dict[str, dict[str, Any]], now_wall: float) -> list[dict[str,
                     "evicted_blocks": r.get("evicted_blocks", 0),
                     "evicted_before_reuse_share": r.get("evicted_before_reuse_share"),
                     "hit_rate": sc.get("prefix_cache_hit_rate"), "kv_usage": sc.get("kv_cache_usage"),
+                    "token_usage_low": low, "token_usage_high": high,
                     "completeness": r.get("completeness"), "gaps_unfilled": r.get("gaps_unfilled", 0),
                     "achieved_hit_rate": r.get("achieved_hit_rate"),
                     "reachable_hit_rate": r.get("reachable_hit_rate"), "placed_chains": r.get("placed_chains", 0),

@@ -14,6 +14,8 @@ is read as starting again from 0):
 | ``num_preemptions`` | ``vllm:num_preemptions`` | ``sglang:num_retracted_requests`` |
 | ``ttft_*_s`` | ``vllm:time_to_first_token_seconds`` | ``sglang:time_to_first_token_seconds`` |
 | ``prefix_cache_miss_{cold,evicted,partial}`` | kvscope only: ``kvscope_prefix_cache_misses{cause}`` | – |
+| ``kv_token_usage`` (0..1) | kvscope only: ``kvscope_kv_token_usage`` (filled token slots / all slots) | – |
+| ``num_gpu_blocks`` | ``vllm:cache_config_info``'s ``num_gpu_blocks`` label | – |
 
 Gauges summed over label sets (one series per engine or model), usage averaged.
 Pure Python (prometheus_client's parser); the thread is ``engine.attach.scraper``.
@@ -32,8 +34,10 @@ GAUGES = {  # figure -> candidate metric names, first present wins
     "num_requests_running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
     "num_requests_waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
     "engine_hit_rate": ("sglang:cache_hit_rate",),  # an engine's own rate, when it has no counters
+    "kv_token_usage": ("kvscope_kv_token_usage",),  # token against block occupancy (kvscope pods)
 }
-MEAN_GAUGES = ("kv_cache_usage", "engine_hit_rate")
+MEAN_GAUGES = ("kv_cache_usage", "engine_hit_rate", "kv_token_usage")
+INFO_LABELS = {"num_gpu_blocks": ("vllm:cache_config_info", "num_gpu_blocks")}  # figure -> (info, label)
 COUNTERS = {  # figure -> candidate counter names (without _total)
     "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
@@ -73,6 +77,13 @@ def read_sample(text: str) -> RawSample:
             if values:
                 gauges[figure] = sum(values) / len(values) if figure in MEAN_GAUGES else sum(values)
                 break
+    for figure, (name, label) in INFO_LABELS.items():
+        values = {labels.get(label) for labels, _ in samples.get(name, ())} - {None, "", "None"}
+        if len(values) == 1:  # one engine's pool (a label that differs between series: no figure)
+            try:
+                gauges[figure] = float(values.pop())
+            except ValueError:
+                pass
     counters: dict[str, float] = {}
     for figure, names in COUNTERS.items():
         for name in names:

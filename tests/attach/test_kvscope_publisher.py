@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from engine.attach.fleet import miss_explainer
+from engine.attach.fleet import miss_explainer, overview
 from engine.attach.pod_source import PodSource
 from engine.attach.prefix_match import BY_HASH, BY_TOKENS, SHA256, detect_scheme, longest_prefix
 from engine.attach.tokenizer_file import resolve_tokenizer_file
@@ -149,3 +149,7 @@ def test_attach_follows_kvscope_serve_exactly(tiny_llama, tmp_path):
     assert sum(row["miss_tokens"].values()) == (row["placed_blocks"] - row["achieved_blocks"]) * row["block_size"] > 0
     (ex,) = miss_explainer({POD: {**row, "scraped": scraped}})
     assert ex["engine"] == engine and ex["events_as_engine"]["cold"] > 0
+    # token usage: a kvscope pod exports it exactly, and the fleet page shows that, not a bound
+    assert 0 <= scraped["kv_token_usage"] <= scraped["kv_cache_usage"] and scraped["num_gpu_blocks"] > 0
+    (ov,) = overview({POD: {**row, "scraped": scraped}}, 0.0)
+    assert ov["token_usage_low"] == ov["token_usage_high"] == scraped["kv_token_usage"]

@@ -308,3 +308,36 @@ def test_kvscope_miss_causes_are_read_by_cause_label():
     f = fold.figures()  # increases since the attach, one cause each
     assert (f["prefix_cache_miss_cold"], f["prefix_cache_miss_evicted"], f["prefix_cache_miss_partial"]) == (12, 0, 4)
     assert "prefix_cache_miss_disabled" not in f
+
+
+def test_token_usage_on_the_fleet_page_exact_or_the_bound_the_stream_allows():
+    """Issue 31 item 6 on an attached pod. A vLLM pod of 17 blocks (16 usable: the null block
+    is never handed out) at 50% block usage whose events say it holds 10 stored full blocks
+    (one hash in two copies): at most 8 of them are free, so at least 2 referenced blocks are
+    full, and token usage lies in [2/16, 8/16]. A kvscope pod exports its token usage exactly;
+    a pod whose stream lost a batch, or that exports no pool size, gets no figure."""
+    from engine.attach.fleet import overview, pod_row
+
+    text = ('# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{engine="0"} 0.5\n'
+            '# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="17"} 1.0\n')
+    fold = ScrapeFold()
+    fold.add(read_sample(text))
+    scraped = fold.figures()
+    assert (scraped["kv_cache_usage"], scraped["num_gpu_blocks"]) == (0.5, 17)
+    s = HashCacheState()
+    hashes = [f"{i:02x}" for i in range(1, 10)]
+    s.apply_events([stored(1, "v", hashes, None), stored(2, "v", ["09"], "08"),  # 09 recomputed
+                    stored(3, "v", ["ff"], None, medium="CPU")])  # an offloaded copy: not the pool's
+    row = pod_row({"received": 3}, s.pods["v"], None)
+    assert row["gpu_stored_copies"] == 10
+    (got,) = overview({"v": dict(row, scraped=scraped)}, 0.0)
+    assert (got["token_usage_low"], got["token_usage_high"]) == (2 / 16, 8 / 16)
+    (lossy,) = overview({"v": dict(row, scraped=scraped, lost_batches=1, completeness=0.75)}, 0.0)
+    assert (lossy["token_usage_low"], lossy["token_usage_high"]) == (None, None)
+    no_size = {k: v for k, v in scraped.items() if k != "num_gpu_blocks"}
+    (blind,) = overview({"v": dict(row, scraped=no_size)}, 0.0)
+    assert blind["token_usage_low"] is None
+    exact = read_sample(text + "# TYPE kvscope_kv_token_usage gauge\nkvscope_kv_token_usage 0.1875\n")
+    (kv,) = overview({"v": dict(row, scraped=dict(exact.gauges))}, 0.0)
+    assert (kv["token_usage_low"], kv["token_usage_high"]) == (0.1875, 0.1875)

@@ -36,6 +36,7 @@ import urllib.request
 
 import pytest
 
+from engine.attach.fleet import overview
 from engine.attach.pod_source import PodSource
 from engine.attach.prefix_match import BY_HASH, SHA256, detect_scheme, longest_prefix, stream_chain
 from engine.events.folds.hash_cache_state import HashCacheState
@@ -145,6 +146,11 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
         assert (row["completeness"], row["lost_batches"], row["restarts"]) == (1.0, 0, 0)
         assert (row["dialect"]["events"], row["dialect"]["hashes"]) == ("map", "int")
         assert row["duplicate_stores"] >= 1 and row["removed_blocks"] >= 1  # b2's second copy; the LRU walk
+        sc = attach.worker.scrapers[POD].latest()  # token against block usage (issue 31 item 6)
+        assert sc["num_gpu_blocks"] == USABLE_BLOCKS + 1  # read from vLLM's own cache_config_info
+        (ov,) = overview({POD: dict(row, scraped=sc)}, 0.0)
+        assert ov["token_usage_high"] == round(sc["kv_cache_usage"] * USABLE_BLOCKS) / USABLE_BLOCKS
+        assert 0 <= ov["token_usage_low"] <= ov["token_usage_high"]
         fleet = attach.worker.fleet  # the synthetic pods beside it, each with its own faults
         assert (fleet["syn-map"]["gaps_filled"], fleet["syn-map"]["lost_batches"]) == (1, 0)
         assert (fleet["syn-array"]["gaps_unfilled"], fleet["syn-array"]["lost_batches"]) == (1, 1)
