@@ -1,7 +1,7 @@
-"""Lesson 10 on the Lessons page in real Chromium (Playwright): pick it, page through its
-narrative, predict, run it on the real engine (the tiny model, in the page's subprocess) and
-see the answers computed from the run, its charts and the pool it points at. The screenshot
-goes to test-artifacts/dashboard/lesson-10.png."""
+"""Lessons 9 and 10 (issue 31's two lessons) on the Lessons page in real Chromium (Playwright):
+pick one, page through its narrative, predict, run it on the real engine (the tiny model, in the
+page's subprocess) and see the answers computed from the run, its charts and the pool it points
+at. The screenshots go to test-artifacts/dashboard/lesson-9.png and lesson-10.png."""
 
 from __future__ import annotations
 
@@ -27,10 +27,28 @@ def dash(tmp_path, tiny_model):
     d.stop()
 
 
-def test_lesson_10_in_chromium(dash):
-    from playwright.sync_api import expect, sync_playwright
+def _open_lesson(page, number: int, first_page: str) -> None:
+    """The Lessons page, lesson ``number`` picked (its first page shows ``first_page``) and paged
+    through to its questions."""
+    from playwright.sync_api import expect
 
     from lessons import get_lesson
+
+    lesson = get_lesson(number)
+    _nav(page, "Lessons")
+    page.get_by_text("Predict, run the real engine").wait_for(timeout=90_000)
+    page.locator("[data-testid='stSelectbox']").filter(has_text="Lesson").click()
+    page.get_by_role("option", name=f"{number}. {lesson.title}").click()
+    expect(page.get_by_text(first_page)).to_be_visible()
+    for i in range(len(lesson.sections)):
+        page.get_by_role("button", name="Next").click()
+        expect(page.get_by_text(re.compile(rf"page {i + 2} of "))).to_be_visible()
+
+
+def test_lesson_9_in_chromium(dash):
+    from playwright.sync_api import expect, sync_playwright
+
+    from lessons.l09_prefix_routing import PER_TENANT, SYSTEM_LEN, TENANTS
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
@@ -38,14 +56,32 @@ def test_lesson_10_in_chromium(dash):
         page.set_default_timeout(60_000)
         try:
             page.goto(dash.url + "/lessons")
-            _nav(page, "Lessons")
-            page.get_by_text("Predict, run the real engine").wait_for(timeout=90_000)
-            page.locator("[data-testid='stSelectbox']").filter(has_text="Lesson").click()
-            page.get_by_role("option", name="10. Why is my prefix cache not hitting?").click()
-            expect(page.get_by_text('"My hit rate is 0%."')).to_be_visible()
-            for i in range(len(get_lesson(10).sections)):
-                page.get_by_role("button", name="Next").click()
-                expect(page.get_by_text(re.compile(rf"page {i + 2} of "))).to_be_visible()
+            _open_lesson(page, 9, "One pod's cache is not the fleet's.")
+            page.get_by_role("button", name="Run the scenario on the real engine").click()
+            expect(page.get_by_text("Look: what the run says")).to_be_visible(timeout=240_000)
+            body = page.locator("[data-testid='stMain']")
+            # every request after a tenant's first reuses its whole system prompt on its pod
+            expect(body).to_contain_text(f"Computed from the run: {(PER_TENANT - 1) * len(TENANTS) * SYSTEM_LEN} "
+                                         "(no prediction)")
+            expect(body.get_by_text("Computed from the run:")).to_have_count(3)
+            expect(body).to_contain_text("Takeaway.")
+            expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
+            expect(page.locator("[data-testid='stDataFrame']").first).to_be_visible()
+            _shot(page, "lesson-9")
+        finally:
+            browser.close()
+
+
+def test_lesson_10_in_chromium(dash):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport=VIEWPORT)
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(dash.url + "/lessons")
+            _open_lesson(page, 10, '"My hit rate is 0%."')
             page.get_by_text("no: the shared prefix is shorter than a block").click()
             page.get_by_text("between 50% and 90%").click()
             page.get_by_role("button", name="Run the scenario on the real engine").click()
