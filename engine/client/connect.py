@@ -41,10 +41,7 @@ class ServerError(ProtocolError):
     def __init__(self, code: str, message: str, request_id: str | None = None,
                  op: str | None = None) -> None:
         super().__init__(code, message, request_id, op)
-        self.args = (f"{code}: {message}",)
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
+        self.args = (f"{code}: {message}",)  # str(exc) and repr(exc) show the code
 
     @classmethod
     def of(cls, err: Error | ProtocolError) -> ServerError:

@@ -145,23 +145,20 @@ class LiveConnection(ClientOps):
                 loading = exc.code == "loading"
                 self._set_status(LinkStatus.LOADING if loading else LinkStatus.DISCONNECTED,
                                  None if loading else str(exc))
-                self._stopping.wait(self.retry_s)
-                continue
             except Exception as exc:  # refused, reset, bad handshake: keep trying
                 self._set_status(LinkStatus.CONNECTING if self._live.hello is None
                                  else LinkStatus.DISCONNECTED, f"{type(exc).__name__}: {exc}")
-                self._stopping.wait(self.retry_s)
-                continue
-            with self._send_lock:
-                self._ws = ws
-            try:
-                self._receive(ws)
-            except ConnectionClosed as exc:
-                self._set_status(LinkStatus.DISCONNECTED, f"connection closed: {exc}")
-            finally:
+            else:
                 with self._send_lock:
-                    self._ws = None
-                ws.close()
+                    self._ws = ws
+                try:
+                    self._receive(ws)
+                except ConnectionClosed as exc:
+                    self._set_status(LinkStatus.DISCONNECTED, f"connection closed: {exc}")
+                finally:
+                    with self._send_lock:
+                        self._ws = None
+                    ws.close()
             self._stopping.wait(self.retry_s)
 
     def _receive(self, ws: ClientConnection) -> None:
