@@ -2,7 +2,8 @@
 
 No torch and no model anywhere in this package: the dashboard imports it.
 
-- ``connect``: opening the websocket (token, retry while loading) and ``ServerError``.
+- ``connect``: opening the websocket (token, retry while loading), ``ServerError``, and
+  ``ClientOps``, the ops both clients send (submit, abort, restart, steps_since ...).
 - ``client``: ``KVScopeClient``, synchronous request/response (scripts, ``kvscope submit``).
 - ``live_state``: ``LiveState``, the pure fold of server messages into a live view.
 - ``live``: ``LiveConnection``, a background thread keeping a ``LiveState`` (the dashboard).

@@ -24,24 +24,22 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from engine.client.connect import DEFAULT_URL, ServerError, open_connection, submit_op
+from engine.client.connect import (
+    DEFAULT_URL, ClientOps, ServerError, call_key, open_connection, reply_key,
+)
 from engine.events.schema.step import StepRecord
 from engine.protocol.codec import decode_message, encode
 from engine.protocol.errors import ErrorCode, ProtocolError
-from engine.protocol.messages import (
-    Accepted, Error, Finished, Hello, Message, Ok, Output, Pong, Snapshot, Step, Steps,
-)
-from engine.protocol.ops import (
-    Abort, AbortAll, Op, Ping, ResetPrefixCache, Restart, StepsSince, TakeSnapshot,
-)
+from engine.protocol.messages import Error, Finished, Hello, Message, Output, Snapshot, Step
+from engine.protocol.ops import Op, Ping, TakeSnapshot
 
 
-class KVScopeClient:
+class KVScopeClient(ClientOps):
     """Blocking request/response client; not thread-safe (one thread at a time)."""
 
     def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 60.0,
                  max_buffered_steps: int = 10_000) -> None:
-        self.url, self.token, self.timeout = url, token, timeout
+        super().__init__(url, token, timeout)
         self.hello: Hello | None = None
         self.initial_snapshot: Snapshot | None = None
         self.latest_snapshot: Snapshot | None = None
@@ -82,16 +80,7 @@ class KVScopeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- ops ---------------------------------------------------------------------------------
-
-    def submit(self, prompt: str | list[int] | None = None, messages: list[dict] | None = None,
-               params: Any = None, request_id: str | None = None) -> str:
-        """Queue a request; returns its id once accepted. Raises ServerError."""
-        op = submit_op(prompt, messages, params, request_id)
-        rid = op.request_id
-        self._send(op)
-        self._wait(lambda m: isinstance(m, (Accepted, Error)) and m.request_id == rid, request_id=rid)
-        return rid
+    # ---- ops (submit, abort, abort_all, reset_prefix_cache, steps_since: ClientOps) -----------
 
     def stream(self, request_id: str) -> Iterator[Output | Finished]:
         """Yield the request's ``output`` messages, then its ``finished`` message."""
@@ -101,7 +90,7 @@ class KVScopeClient:
                 msg = q.popleft()
             else:
                 msg = self._wait(lambda m: isinstance(m, (Output, Finished, Error))
-                                 and m.request_id == request_id, request_id=request_id)
+                                 and m.request_id == request_id)
             if isinstance(msg, Error):
                 raise ServerError.of(msg)
             yield msg
@@ -118,53 +107,20 @@ class KVScopeClient:
             pass
         return last
 
-    def abort(self, request_id: str) -> None:
-        """Ask to abort one of this connection's requests (its stream ends with reason abort)."""
-        self._send(Abort(request_id))
-
-    def abort_all(self) -> Ok:
-        """Abort every live request on the engine, any connection's; ``ok`` says how many."""
-        self._send(AbortAll())
-        return self._wait(lambda m: isinstance(m, Ok) and m.op == AbortAll.type, op=AbortAll.type)
-
     def snapshot(self) -> Snapshot:
         """A fresh snapshot of the pool."""
-        self._send(TakeSnapshot())
-        return self._wait(lambda m: isinstance(m, Snapshot), op=TakeSnapshot.type)
-
-    def steps_since(self, seq: int, run_id: str | None = None, until: int | None = None) -> list[StepRecord]:
-        """The steps after ``seq`` of ``run_id`` (default: the live run) the server still has,
-        from its buffer or its recording, asking again while it says ``more`` (and no
-        step at or past ``until`` arrived yet)."""
-        out: list[StepRecord] = []
-        while True:
-            self._send(StepsSince(seq, run_id))
-            reply: Steps = self._wait(lambda m: isinstance(m, Steps), op=StepsSince.type)
-            out.extend(reply.steps)
-            if not (reply.more and reply.steps) or (until is not None and out[-1].seq >= until):
-                return out
-            seq, run_id = reply.steps[-1].seq, reply.run_id
-
-    def reset_prefix_cache(self) -> Ok:
-        self._send(ResetPrefixCache())
-        return self._wait(lambda m: isinstance(m, Ok) and m.op == ResetPrefixCache.type,
-                          op=ResetPrefixCache.type)
+        return self._call(TakeSnapshot())
 
     def ping(self) -> float:
         """Round-trip time in seconds."""
         t0 = time.monotonic()
-        self._send(Ping())
-        self._wait(lambda m: isinstance(m, Pong), op=Ping.type)
+        self._call(Ping())
         return time.monotonic() - t0
 
-    def restart(self, engine_options: dict[str, Any]) -> Hello:
-        """Rebuild the engine with new pool/scheduler options (a new run); returns the new hello."""
-        try:
-            op = Restart(dict(engine_options))
-        except ProtocolError as exc:
-            raise ServerError.of(exc) from None
-        self._send(op)
-        self._wait(lambda m: isinstance(m, Ok) and m.op == Restart.type, op=Restart.type)
+    def restart(self, engine_options: dict[str, Any], timeout: float | None = None) -> Hello:
+        """Rebuild the engine with new pool/scheduler options (a new run); returns the new
+        hello (it arrives before the ``ok``)."""
+        super().restart(engine_options, timeout)
         return self.hello
 
     def drain_steps(self) -> list[StepRecord]:
@@ -204,40 +160,40 @@ class KVScopeClient:
             self.errors.append(Error(ErrorCode.BAD_JSON, f"undecodable server frame: {exc.message}"))
             return None
 
-    def _wait(self, match: Callable[[Message], bool], op: str | None = None,
-              request_id: str | None = None) -> Any:
-        deadline = time.monotonic() + self.timeout
+    def _call(self, op: Op, timeout: float | None = None) -> Any:
+        self._send(op)
+        key = call_key(op)
+        return self._wait(lambda m: reply_key(m) == key, timeout)
+
+    def _wait(self, match: Callable[[Message], bool], timeout: float | None = None) -> Any:
+        """The first message ``match`` takes (ServerError if it is an ``error``); the
+        others that arrive meanwhile are kept."""
+        timeout = timeout or self.timeout
+        deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
             try:
-                msg = self._recv(max(0.0, left))
+                msg = self._recv(max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                raise TimeoutError(f"no reply from {self.url} within {self.timeout}s") from None
+                raise TimeoutError(f"no reply from {self.url} within {timeout}s") from None
             except ConnectionClosed as exc:
                 raise ServerError("closed", f"the server closed the connection ({exc})") from None
             if msg is None:
                 continue
-            is_error = isinstance(msg, Error)
-            if match(msg) or (is_error and (
-                    (op is not None and msg.op == op)
-                    or (request_id is not None and msg.request_id == request_id))):
-                if is_error:  # the reply we waited for is a refusal
+            if match(msg):
+                if isinstance(msg, Error):  # the reply we waited for is a refusal
                     raise ServerError.of(msg)
-                self._keep_state(msg)
+                if isinstance(msg, (Hello, Snapshot)):
+                    self._keep(msg)
                 return msg
             self._keep(msg)
-
-    def _keep_state(self, msg: Message) -> None:
-        if isinstance(msg, Hello):
-            self.hello = msg
-        elif isinstance(msg, Snapshot):
-            self.latest_snapshot = msg
 
     def _keep(self, msg: Message) -> None:
         if isinstance(msg, Step):
             self._steps.append(msg.record)
-        elif isinstance(msg, (Hello, Snapshot)):
-            self._keep_state(msg)
+        elif isinstance(msg, Hello):
+            self.hello = msg
+        elif isinstance(msg, Snapshot):
+            self.latest_snapshot = msg
         elif isinstance(msg, (Output, Finished, Error)) and msg.request_id is not None:
             self._by_request.setdefault(msg.request_id, deque()).append(msg)
         elif isinstance(msg, Error):

@@ -22,39 +22,24 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from engine.client.connect import DEFAULT_URL, ServerError, open_connection, submit_op
+from engine.client.connect import (
+    DEFAULT_URL, ClientOps, ServerError, call_key, open_connection, reply_key,
+)
 from engine.client.live_state import LinkNote, LinkStatus, LiveState, LiveView, SubmittedRequest
-from engine.events.schema.step import StepRecord
 from engine.protocol.codec import decode_message, encode
 from engine.protocol.errors import ProtocolError
-from engine.protocol.messages import Accepted, Error, Message, Ok, Steps
-from engine.protocol.ops import (
-    Abort, AbortAll, Op, ResetPrefixCache, Restart, StepsSince, TakeSnapshot,
-)
+from engine.protocol.messages import Error, Message
+from engine.protocol.ops import Op, Submit, TakeSnapshot
 
-__all__ = ["LinkStatus", "LiveConnection", "LiveView", "SubmittedRequest"]
-
-
-def _reply_key(msg: Message) -> str | None:
-    """Which caller a reply is for: a request id, or ``op:<op>``."""
-    if isinstance(msg, (Accepted, Error)) and msg.request_id is not None:
-        return msg.request_id
-    if isinstance(msg, (Ok, Error)) and msg.op:
-        return f"op:{msg.op}"
-    if isinstance(msg, Steps):
-        return f"op:{StepsSince.type}"
-    return None
-
-
-class LiveConnection:
+class LiveConnection(ClientOps):
     def __init__(self, url: str = DEFAULT_URL, token: str | None = None, *, history: int = 600,
                  recent_steps: int = 100, max_requests: int = 1000, retry_s: float = 0.5,
                  timeout: float = 30.0) -> None:
-        self.url, self.token, self.timeout, self.retry_s = url, token, timeout, retry_s
+        super().__init__(url, token, timeout)
+        self.retry_s = retry_s
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified after every message
         self._send_lock = threading.Lock()
-        self._steps_lock = threading.Lock()  # one steps_since at a time (one reply key)
         self._stopping = threading.Event()
         self._ws: ClientConnection | None = None
         self._live = LiveState(history, recent_steps, max_requests)
@@ -104,56 +89,17 @@ class LiveConnection:
 
     # ---- ops -----------------------------------------------------------------------------------
 
-    def submit(self, prompt: str | list[int] | None = None, messages: list[dict] | None = None,
-               params: Any = None, request_id: str | None = None,
-               timeout: float | None = None) -> str:
-        """Send a request; returns its id once the server accepted it (ServerError if not).
-        Outputs then collect in the background: see ``outputs(request_id)``."""
-        op = submit_op(prompt, messages, params, request_id)
-        with self._lock:
-            self._live.track(op.request_id)
-        self._call(op.request_id, op, timeout)
-        return op.request_id
-
-    def abort(self, request_id: str) -> None:
-        self._send(Abort(request_id))
-
-    def abort_all(self, timeout: float | None = None) -> Ok:
-        """Abort every live request on the engine (any connection's); ``ok`` says how many."""
-        return self._call(f"op:{AbortAll.type}", AbortAll(), timeout)
-
     def request_snapshot(self) -> None:
         self._send(TakeSnapshot())
 
-    def reset_prefix_cache(self, timeout: float | None = None) -> Ok:
-        return self._call(f"op:{ResetPrefixCache.type}", ResetPrefixCache(), timeout)
-
-    def restart(self, engine_options: dict[str, Any], timeout: float | None = None) -> Ok:
-        """Restart the engine with new pool/scheduler options; returns the ``ok`` message."""
-        try:
-            op = Restart(dict(engine_options))
-        except ProtocolError as exc:
-            raise ServerError.of(exc) from None
-        return self._call(f"op:{Restart.type}", op, timeout)
-
-    def steps_since(self, seq: int, run_id: str | None = None, until: int | None = None,
-                    timeout: float | None = None) -> list[StepRecord]:
-        """The steps after ``seq`` of ``run_id`` (default: the live run) the server still
-        has, from its buffer or its recording, asking again while it says ``more``
-        (and no step at or past ``until`` arrived yet)."""
-        out: list[StepRecord] = []
-        with self._steps_lock:
-            while True:
-                reply: Steps = self._call(f"op:{StepsSince.type}", StepsSince(seq, run_id), timeout)
-                out.extend(reply.steps)
-                if not (reply.more and reply.steps) or (until is not None and out[-1].seq >= until):
-                    return out
-                seq, run_id = reply.steps[-1].seq, reply.run_id
-
-    def _call(self, key: str, op: Op, timeout: float | None) -> Any:
-        """Send ``op`` and wait for its reply (keyed by request id or ``op:<name>``)."""
+    def _call(self, op: Op, timeout: float | None = None) -> Any:
+        """Send ``op`` and wait for the reader thread to hand over its reply; a submitted
+        request's outputs then collect in the background (``outputs(request_id)``)."""
+        key = call_key(op)
         with self._lock:
             self._awaiting.add(key)
+            if isinstance(op, Submit):
+                self._live.track(op.request_id)
         try:
             self._send(op)
             with self._changed:
@@ -199,23 +145,20 @@ class LiveConnection:
                 loading = exc.code == "loading"
                 self._set_status(LinkStatus.LOADING if loading else LinkStatus.DISCONNECTED,
                                  None if loading else str(exc))
-                self._stopping.wait(self.retry_s)
-                continue
             except Exception as exc:  # refused, reset, bad handshake: keep trying
                 self._set_status(LinkStatus.CONNECTING if self._live.hello is None
                                  else LinkStatus.DISCONNECTED, f"{type(exc).__name__}: {exc}")
-                self._stopping.wait(self.retry_s)
-                continue
-            with self._send_lock:
-                self._ws = ws
-            try:
-                self._receive(ws)
-            except ConnectionClosed as exc:
-                self._set_status(LinkStatus.DISCONNECTED, f"connection closed: {exc}")
-            finally:
+            else:
                 with self._send_lock:
-                    self._ws = None
-                ws.close()
+                    self._ws = ws
+                try:
+                    self._receive(ws)
+                except ConnectionClosed as exc:
+                    self._set_status(LinkStatus.DISCONNECTED, f"connection closed: {exc}")
+                finally:
+                    with self._send_lock:
+                        self._ws = None
+                    ws.close()
             self._stopping.wait(self.retry_s)
 
     def _receive(self, ws: ClientConnection) -> None:
@@ -235,7 +178,7 @@ class LiveConnection:
                 except Exception as exc:  # a message that does not fold must not kill the view
                     self._live.drift(f"could not apply a message: {type(exc).__name__}: {exc}")
                     ask = self._live.wants_snapshot()
-                key = _reply_key(msg)
+                key = reply_key(msg)
                 if key in self._awaiting:
                     self._replies[key] = msg
                 self._changed.notify_all()
