@@ -57,10 +57,7 @@ def render_fleet(frame: AttachedFrame, now_wall: float, live: bool) -> None:
         "look at": "; ".join(r["alerts"]) or "–", "dialect": r["dialect"] or "–"} for r in rows])
     total = sum(r["cached_blocks"] for r in rows)
     st.caption(f"{len(rows)} pod(s) · {total} cached blocks in all · step {frame.step}"
-               + ("" if live else " (a stored run: ages are at its last step)")
-               + " · token usage: the filled token slots' share of the pool, exact where the pod "
-                 "exports it (kvscope), else the range its block usage, pool size and stored full "
-                 "blocks allow while its stream is complete (vLLM #57336)")
+               + ("" if live else " (a stored run: ages are at its last step)"))
     st.dataframe(table, hide_index=True, width="stretch")
     fp = fleet_placement(raw)
     if fp["placed_chains"]:
@@ -77,7 +74,10 @@ def render_fleet(frame: AttachedFrame, now_wall: float, live: bool) -> None:
                "copy of a hash removed (clears and restarts apart); 'evicted before reuse' is the "
                "share of those no second store or branch ever reused (hits that store nothing are "
                "invisible in the stream, so it is an upper bound). Hit rate and usage come from "
-               "the pod's /metrics (attach --metrics). Index completeness = batches applied / "
+               "the pod's /metrics (attach --metrics). KV usage counts blocks; token usage is the filled "
+               "token slots' share of the pool (vLLM #57336): exact where the pod exports it "
+               "(kvscope), else the range its block usage, pool size and stored full blocks allow "
+               "while its stream is complete. Index completeness = batches applied / "
                f"(applied + lost). A pod quiet for over {QUIET_ALERT_S:.0f} s is flagged. 'hit (events)' "
                "and 'reachable (events)' read each stored chain that starts a prompt or branches "
                "below a cached block as a request: the share of its blocks the pod already held, and "
