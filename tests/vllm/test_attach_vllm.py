@@ -16,10 +16,12 @@ An attach server (in-process, recording) and an independent pyzmq subscriber
    vLLM's hit and say where the chain breaks (block 3: never stored, as no request reached
    128 tokens), then the probe is sent.
 
-The same attach follows three synthetic pods beside it (tests/attach/test_fleet.py's: tagged maps
-with int hashes and a gap its replay fills, tagged arrays with bytes hashes and a hole, SGLang's
-field set with offload placeholders), so the fleet microscope is checked on four pods at once
-with a real vLLM among them.
+The same attach follows four more pods beside it, so the fleet microscope is checked on five
+pods at once with a real vLLM among them: a kvscope engine (the tiny Llama, in process, publishing
+through engine.kv_events; the probe's ``hit_tokens`` there must equal the engine's own
+``num_cached_tokens``) and tests/attach/test_fleet.py's three synthetic pods (tagged maps with int
+hashes and a gap its replay fills, tagged arrays with bytes hashes and a hole, SGLang's field set
+with offload placeholders).
 
 Checked: the recorded run's cached hashes (and their copies) equal the independent
 subscriber's fold; the prediction equals vLLM's ``cached_tokens`` (96: b0, b1 and the
@@ -42,9 +44,9 @@ from engine.attach.prefix_match import BY_HASH, SHA256, detect_scheme, longest_p
 from engine.events.folds.hash_cache_state import HashCacheState
 from engine.events.schema.hash_key import hash_key
 from engine.store.runs import RunStore
-from tests.attach.fake_publisher import FakePublisher
+from tests.attach.fake_publisher import FakePublisher, free_port
 from tests.attach.helpers import source as fake_source, start_attach, wait_until
-from tests.attach.test_fleet import publish_synthetic
+from tests.attach.test_fleet import ENGINE, caught_up, publish_synthetic, run
 from tests.vllm.kv_stream import RawStream, fold_copies
 from bench.vllm_servers import BLOCK_SIZE, MODEL_NAME
 
@@ -54,6 +56,7 @@ USABLE_BLOCKS = 16
 P = [1000 + 7 * i for i in range(72)]  # 2 full blocks and 8 tokens
 GEN = 40
 POD = "vllm-0"
+KV_POD = "kvscope-0"
 
 
 def _complete(client, prompt: list[int], max_tokens: int):
@@ -85,15 +88,24 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
     client = OpenAI(base_url=pod.api_url, api_key="unused", timeout=300)
     source = PodSource(POD, pod.events_endpoint, pod.replay_endpoint, metrics=pod.base_url + "/metrics")
     stream = RawStream(pod.events_endpoint)
-    attach = late = None
+    attach = late = kv = None
     pubs = {"syn-map": FakePublisher(), "syn-array": FakePublisher(encoding="array", replay_layout=2),
             "syn-sglang": FakePublisher(replay_layout=2)}
     try:
-        attach = start_attach(tmp_path, source, *(fake_source(p, name) for name, p in pubs.items()),
-                              scrape_interval_s=0.5)
+        from engine import LLM
+        from tests.tiny_models import tiny_model_dir
+
+        kv_endpoint, kv_replay = f"ipc://{tmp_path}/kv.sock", f"tcp://127.0.0.1:{free_port()}"
+        kv = LLM(model=str(tiny_model_dir("llama")), **ENGINE, kv_events_config={
+            "enable_kv_cache_events": True, "endpoint": kv_endpoint, "replay_endpoint": kv_replay})
+        attach = start_attach(tmp_path, source, PodSource(KV_POD, kv_endpoint, kv_replay),
+                              *(fake_source(p, name) for name, p in pubs.items()), scrape_interval_s=0.5)
         for p in pubs.values():
             p.wait_subscriber()
         publish_synthetic(attach, pubs, {})
+        kv_prompt = [100 + i for i in range(13)]  # 3 full blocks of 4 and one token
+        assert run(kv, kv_prompt) == 0
+        caught_up(attach, kv, KV_POD)
         stream.join(pod, client)  # the reset clears both views: from here they must agree
 
         r1, _ = _complete(client, P, GEN)
@@ -135,10 +147,16 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
         with urllib.request.urlopen(req, timeout=30) as resp:
             answer = json.loads(resp.read())
         by_pod = {p["pod"]: p for p in answer["pods"]}
-        assert set(by_pod) == {POD, *pubs}, by_pod.keys()
+        assert set(by_pod) == {POD, KV_POD, *pubs}, by_pod.keys()
         for p in answer["pods"]:  # every missed token has one cause, on every pod
             assert p["hit_tokens"] + sum(p["misses"].values()) == answer["prompt_tokens"], p
         located = by_pod[POD]
+        kv_probe = json.dumps({"token_ids": kv_prompt[:12] + [5, 6]}).encode()
+        req = urllib.request.Request(attach.url.replace("ws://", "http://") + "/locate", data=kv_probe,
+                                     method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            kv_located = {p["pod"]: p for p in json.loads(resp.read())["pods"]}[KV_POD]
+        assert kv_located["hit_tokens"] == run(kv, kv_prompt[:12] + [5, 6]) == 12  # the engine's own
         _, served = _complete(client, probe, 1)
         assert (located["method"], located["tier"], located["hit_tokens"]) == ("hash", "GPU", served)
         assert (located["break"]["reason"], located["break"]["block"]) == ("never_stored", 3)
@@ -191,3 +209,5 @@ def test_attach_records_a_real_vllm_pod_and_predicts_its_hits(vllm_servers, tmp_
                 s.stop()
         for p in pubs.values():
             p.close()
+        if kv is not None:
+            kv.close()
