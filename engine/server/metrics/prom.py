@@ -32,7 +32,7 @@ from engine.events.metrics.block_residency import BlockResidency
 from engine.events.schema.step import StepRecord
 from engine.server.worker.health import StepFaults
 from engine.server.metrics.kvscope_families import KVScopeFamilies
-from engine.server.metrics.series import Series
+from engine.server.metrics.series import LABEL_NAMES, Series
 from engine.server.metrics.vllm_families import VLLMFamilies
 from engine.store.recorder_health import RecorderHealth
 
@@ -50,6 +50,7 @@ class ServerMetrics:
         self.residency = BlockResidency()
         self._config: Callable[[], dict[str, Any]] = dict
         self._run_started = False
+        self.watch_hub = self.kvscope.watch_hub  # gauges read at scrape time from the hub
         # the hub counts these itself
         self.dropped_steps = self.kvscope.dropped_steps
         self.errors = self.kvscope.errors
@@ -60,18 +61,13 @@ class ServerMetrics:
     def model_name(self) -> str:
         return self.series.model_name
 
-    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
-                  outbox_max_bytes: Callable[[], int] = lambda: 0) -> None:
-        """Gauges read at scrape time from the hub."""
-        self.kvscope.watch_hub(connections, outbox_max, outbox_max_bytes)
-
     def watch_recorder(self, health: Callable[[], RecorderHealth]) -> None:
         """The recorder's figures, read at scrape time from ``Recorder.health``."""
-        self.registry.register(_RecorderCollector(health, self.series))
+        self.registry.register(_ReadAtScrape(health, _RECORDER_FAMILIES, self.series))
 
     def watch_faults(self, faults: Callable[[], StepFaults]) -> None:
         """Engine steps that raised, read at scrape time from the health board."""
-        self.registry.register(_FaultCollector(faults, self.series))
+        self.registry.register(_ReadAtScrape(faults, _FAULT_FAMILIES, self.series))
 
     def watch_config(self, config: Callable[[], dict[str, Any]]) -> None:
         """The current run's effective config (empty while loading), read when needed."""
@@ -103,55 +99,45 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class _RecorderCollector:
-    """``kvscope_recorder_*``: totals the recorder keeps itself (so they never reset
-    with an engine restart), exposed as counters; backlog and liveness as gauges."""
+class _ReadAtScrape:
+    """Families whose values live elsewhere and are read at scrape time: one
+    ``(family type, name, help, value of the source)`` per family."""
 
-    def __init__(self, health: Callable[[], RecorderHealth], series: Series) -> None:
-        self.health = health
+    def __init__(self, source: Callable[[], Any], families: tuple, series: Series) -> None:
+        self.source = source
+        self.families = families
         self.series = series
 
     def collect(self):
-        h = self.health()
-        names, values = ["model_name", "engine"], [self.series.model_name, self.series.engine]
-        for name, doc, value in (
-                ("kvscope_recorder_errors", "Failed recorder write attempts (database faults).",
-                 h.errors_total),
-                ("kvscope_recorder_dropped_steps", "Steps dropped: the backlog passed its bound "
-                 "while the database failed (marked in the run).", h.dropped_steps_total),
-                ("kvscope_recorder_dropped_requests", "Finished requests' rows dropped the same way.",
-                 h.dropped_requests_total),
-                ("kvscope_recorder_skipped_rows", "Rows the database could never store, skipped.",
-                 h.skipped_rows_total),
-                ("kvscope_recorder_written_rows", "Rows the recorder committed.", h.written_rows_total)):
-            family = CounterMetricFamily(name, doc, labels=names)
-            family.add_metric(values, value)
-            yield family
-        for name, doc, value in (
-                ("kvscope_recorder_backlog_steps", "Steps queued or held for a retry, not yet committed.",
-                 h.backlog_steps),
-                ("kvscope_recorder_up", "1 while the recorder's writer runs and writes succeed, else 0.",
-                 int(h.alive and h.fault is None))):
-            family = GaugeMetricFamily(name, doc, labels=names)
-            family.add_metric(values, value)
+        source = self.source()
+        for family_type, name, doc, value_of in self.families:
+            family = family_type(name, doc, labels=list(LABEL_NAMES))
+            family.add_metric(list(self.series.values), value_of(source))
             yield family
 
 
-class _FaultCollector:
-    """``kvscope_engine_step_failures`` and ``..._failed_requests``: steps that raised, and
-    the requests they failed (each fails only its own; the engine keeps serving)."""
-
-    def __init__(self, faults: Callable[[], StepFaults], series: Series) -> None:
-        self.faults = faults
-        self.series = series
-
-    def collect(self):
-        f = self.faults()
-        for name, doc, value in (
-                ("kvscope_engine_step_failures", "Engine steps that raised; each failed only the "
-                 "requests it held.", f.steps),
-                ("kvscope_engine_failed_requests", "Requests failed by an engine step that raised.",
-                 f.requests)):
-            family = CounterMetricFamily(name, doc, labels=["model_name", "engine"])
-            family.add_metric(list(self.series.values), value)
-            yield family
+# ``kvscope_recorder_*``: totals the recorder keeps itself (so they never reset with an
+# engine restart), exposed as counters; backlog and liveness as gauges.
+_RECORDER_FAMILIES = (
+    (CounterMetricFamily, "kvscope_recorder_errors", "Failed recorder write attempts (database faults).",
+     lambda h: h.errors_total),
+    (CounterMetricFamily, "kvscope_recorder_dropped_steps", "Steps dropped: the backlog passed its bound "
+     "while the database failed (marked in the run).", lambda h: h.dropped_steps_total),
+    (CounterMetricFamily, "kvscope_recorder_dropped_requests", "Finished requests' rows dropped the same way.",
+     lambda h: h.dropped_requests_total),
+    (CounterMetricFamily, "kvscope_recorder_skipped_rows", "Rows the database could never store, skipped.",
+     lambda h: h.skipped_rows_total),
+    (CounterMetricFamily, "kvscope_recorder_written_rows", "Rows the recorder committed.",
+     lambda h: h.written_rows_total),
+    (GaugeMetricFamily, "kvscope_recorder_backlog_steps", "Steps queued or held for a retry, not yet committed.",
+     lambda h: h.backlog_steps),
+    (GaugeMetricFamily, "kvscope_recorder_up", "1 while the recorder's writer runs and writes succeed, else 0.",
+     lambda h: int(h.alive and h.fault is None)),
+)
+# Steps that raised, and the requests they failed (each fails only its own; the engine keeps serving).
+_FAULT_FAMILIES = (
+    (CounterMetricFamily, "kvscope_engine_step_failures", "Engine steps that raised; each failed only the "
+     "requests it held.", lambda f: f.steps),
+    (CounterMetricFamily, "kvscope_engine_failed_requests", "Requests failed by an engine step that raised.",
+     lambda f: f.requests),
+)

@@ -1,31 +1,22 @@
-"""EngineWorker: the one thread that owns the LLMEngine.
+"""EngineWorker: the one thread that owns the LLMEngine (docs/architecture.md, "Front
+doors: one port, one mailbox"). Where the engine's core runs (this process, or a child:
+``EngineConfig.engine_core_process``) is the engine's business, not this thread's.
 
-Every server runs it as a thread of its own process; where the engine's core runs
-(in this process, or in a child: ``EngineConfig.engine_core_process``, ``kvscope
-serve``'s default) is the engine's business (``engine.engine_core.client``), not this
-thread's: it only waits on the core's answers.
+It starts the engine, then loops: take letters from the mailbox (blocking only when the
+engine has nothing to do, so an idle server sends no steps and burns no CPU), execute
+their commands (the protocol op itself, or a lifecycle command; answers are ``Reply``s to
+the letter's sink, whichever front door made it), step while there is work (unfinished
+requests or events not yet published), and hand the results to the event loop as one
+batch of deliveries per iteration.
 
-It starts the engine (the core loads the model), then loops: take letters from the mailbox (blocking only
-when the engine has nothing to do, so an idle server sends no steps and burns no
-CPU), execute their commands, step while there is work (unfinished requests or
-events not yet published), and hand the results to the event loop as one batch
-of deliveries per iteration.
+Snapshots are taken only when no events are pending, so ``snapshot.seq`` is exact: the
+state equals the fold of every step message up to ``seq`` and none after. A core in a
+process of its own that dies ends this thread: the board says ``error`` with its exit
+code and the run is finished (an idle worker looks every ``IDLE_CHECK_S``).
 
-A letter's command is the protocol op itself (or a lifecycle command); its
-answers are ``Reply``s to the letter's sink, whichever front door made it, so
-the websocket hub and the OpenAI HTTP API share this one entry; the sink's
-``source`` is recorded with each of its requests.
-
-Snapshots are taken only when no events are pending (right after a step, or when
-nothing happened since), so ``snapshot.seq`` is exact: the state equals the fold
-of every step message up to ``seq`` and none after.
-
-A core in a child of its own that dies (killed, crashed) ends this thread: the board
-says ``error`` with the child's exit code, the run is finished, and the API answers
-503 (``alive``). An idle worker looks at the child every ``IDLE_CHECK_S``.
-
-Writer of: the engine, the RequestBook, the run in the recorder and the health
-board. Nothing else touches them.
+Writer of: the engine, the RequestBook, the run in the recorder and the health board.
+Past 300 lines on purpose: it is one thread's loop, and its commands, restart and shutdown
+all write that one state; split, its only writer would be read from several files.
 """
 
 from __future__ import annotations
@@ -103,7 +94,9 @@ class EngineWorker(threading.Thread):
     def run(self) -> None:
         try:
             with ProgressCapture(self.board.note):
-                engine = self._start_engine()
+                engine = (self.engine_factory(self.config) if self.engine_factory is not None else
+                          LLMEngine.from_config(self.config, progress=self.board.note,
+                                                should_stop=self.stop_requested.is_set))
         except LoadStopped:
             return
         except BaseException as exc:  # any load failure is reported, never raised into a void
@@ -131,12 +124,6 @@ class EngineWorker(threading.Thread):
             self.board.set(Health(Status.ERROR, "the engine thread crashed; see the server log"))
             self._finish_run()
             raise
-
-    def _start_engine(self) -> LLMEngine:
-        if self.engine_factory is not None:
-            return self.engine_factory(self.config)
-        return LLMEngine.from_config(self.config, progress=self.board.note,
-                                     should_stop=self.stop_requested.is_set)
 
     def alive(self) -> bool:
         """The worker runs and its core can answer (a core's process may have died)."""
@@ -216,18 +203,14 @@ class EngineWorker(threading.Thread):
         fault = self.engine.last_fault
         if fault is not None:
             for f in fault.failures:
-                self._tell_failed(f.request_id, f.detail)
+                owned = self.book.get(f.request_id)
+                if owned is not None:  # no op: its submit was accepted; its finished follows
+                    self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this "
+                                                  f"request failed ({f.detail}); the request was "
+                                                  f"aborted", f.request_id))
             self.board.note_step_failure(fault.detail, len(fault.failures))
         for out in outputs:  # the failed requests' finished (abort) come first
             self._deliver(out)
-
-    def _tell_failed(self, rid: str, detail: str) -> None:
-        """Tell ``rid``'s submitter that its step failed (``detail``: what raised)."""
-        owned = self.book.get(rid)
-        if owned is not None:
-            # no op: this answers no op (its submit was accepted); its finished follows
-            self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this "
-                                          f"request failed ({detail}); the request was aborted", rid))
 
     # ---- commands ---------------------------------------------------------------------
 
