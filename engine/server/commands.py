@@ -66,7 +66,7 @@ def add_server_subcommands(sub: argparse._SubParsersAction) -> None:
                                               "or data/runs.sqlite)")
     g.add_argument("--no-record", dest="record", action="store_false", help="do not record the run")
     g.add_argument("--label", default=None, help="label of the recorded run")
-    g.add_argument("--served-model-name", nargs="+", default=(), metavar="NAME",
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="the model name(s) the API answers to, as in vLLM; the first one is the "
                         "model_name label of /metrics (default: --model)")
     g.add_argument("--allow-remote", action="store_true",
@@ -129,9 +129,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
             kw["num_threads"] = serving_count()
         cfg = EngineConfig(**kw, max_waiting=args.max_queue)
-        # the server group's flags are named as ServerOptions' fields
+        # the server group's flags are named as ServerOptions' fields (None: its default)
         opts = ServerOptions(cfg, token=envs.TOKEN.get(), **{
-            f.name: getattr(args, f.name) for f in dataclasses.fields(ServerOptions) if hasattr(args, f.name)})
+            f.name: v for f in dataclasses.fields(ServerOptions)
+            if (v := getattr(args, f.name, None)) is not None})
     except (BindRefused, KVScopeError, ValueError) as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2

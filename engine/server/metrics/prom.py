@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engine.events.metrics.block_residency import BlockResidency
@@ -50,16 +50,33 @@ class ServerMetrics:
         self.residency = BlockResidency()
         self._config: Callable[[], dict[str, Any]] = dict
         self._run_started = False
-        self.watch_hub = self.kvscope.watch_hub  # gauges read at scrape time from the hub
-        # the hub counts these itself
-        self.dropped_steps = self.kvscope.dropped_steps
-        self.errors = self.kvscope.errors
-        self.slow_client_closes = self.kvscope.slow_client_closes
-        self.throttled_seconds = self.kvscope.throttled_seconds
+        # the hub's figures (it counts drops, errors, closes and throttling itself)
+        s = self.series
+        self.connections = s.one(Gauge, "kvscope_ws_connections", "Open websocket connections.")
+        self.dropped_steps = s.one(Counter, "kvscope_ws_dropped_step_messages",
+                                   "Step messages dropped for slow clients (they resync).")
+        self.errors = s.by(Counter, "kvscope_ws_errors", "Error messages sent, by code.", "code", ())
+        self.outbox_max = s.one(Gauge, "kvscope_ws_outbox_max_step_messages",
+                                "Largest queue of unsent step messages over connected clients.")
+        self.outbox_max_bytes = s.one(Gauge, "kvscope_ws_outbox_max_bytes",
+                                      "Largest unsent bytes (replies and steps) over connected clients.")
+        self.slow_client_closes = s.one(Counter, "kvscope_ws_slow_client_closes",
+                                        "Connections closed (1008 slow_client) for leaving more than "
+                                        "the outbox bound unread.")
+        self.throttled_seconds = s.one(Counter, "kvscope_ws_throttled_seconds",
+                                       "Seconds websocket connections were not read because they "
+                                       "sent past their frame or byte rate.")
 
     @property
     def model_name(self) -> str:
         return self.series.model_name
+
+    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
+                  outbox_max_bytes: Callable[[], int] = lambda: 0) -> None:
+        """Gauges read at scrape time from the hub."""
+        self.connections.set_function(connections)
+        self.outbox_max.set_function(outbox_max)
+        self.outbox_max_bytes.set_function(outbox_max_bytes)
 
     def watch_recorder(self, health: Callable[[], RecorderHealth]) -> None:
         """The recorder's figures, read at scrape time from ``Recorder.health``."""

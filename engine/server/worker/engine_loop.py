@@ -231,10 +231,8 @@ class EngineWorker(threading.Thread):
             n = len(self.book.live())
             self._abort_all()
             self._reply(sink, Ok(cmd.type, {"num_aborted": n}))
-        elif isinstance(cmd, Detach):
-            # The submitter is gone: nobody will read these outputs, so stop spending on them.
-            for rid in self.book.live(sink):
-                self._abort(rid)
+        elif isinstance(cmd, Detach):  # nobody will read its outputs: stop spending on them
+            self._abort_all(sink)
         elif isinstance(cmd, ResetPrefixCache):
             n = self.engine.reset_prefix_cache()
             self._reply(sink, Ok(cmd.type, {"num_blocks_reset": n}))
@@ -284,8 +282,9 @@ class EngineWorker(threading.Thread):
         else:  # already finished inside the engine; make sure we do not leak it
             self.book.release(rid)
 
-    def _abort_all(self) -> None:
-        for rid in self.book.live():
+    def _abort_all(self, sink: Sink | None = None) -> None:
+        """Abort every live request (of ``sink``, or all)."""
+        for rid in self.book.live(sink):
             try:
                 self._abort(rid)
             except Exception:
