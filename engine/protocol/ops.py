@@ -12,7 +12,7 @@ place of ``type``); fields that are None are left out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from engine.core.errors import SamplingParamsError
@@ -67,9 +67,6 @@ class Submit(Op):
     params: SamplingParams = converted(lambda p: p.to_dict(), default_factory=SamplingParams)
     request_id: str | None = None
 
-    FIELDS: ClassVar[frozenset[str]] = frozenset(("type", "op", "prompt", "messages", "params",
-                                                  "request_id"))
-
     def __post_init__(self) -> None:
         if self.request_id is not None:
             check_request_id(self.request_id, "submit")
@@ -79,7 +76,7 @@ class Submit(Op):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Submit:
         op = cls(d.get("prompt"), d.get("messages"), d.get("params"), d.get("request_id"))
-        unknown = set(d) - cls.FIELDS
+        unknown = set(d) - {"type", "op", *(f.name for f in fields(cls))}
         if unknown:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown submit field(s): {sorted(unknown)}",
                                 op.request_id, "submit")

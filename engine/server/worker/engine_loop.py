@@ -46,7 +46,7 @@ from engine.server.worker.mailbox import (
 )
 from engine.server.worker.output_messages import finished_fields
 from engine.server.worker.prompt_prep import PromptPrep
-from engine.server.worker.request_book import MAX_N, RequestBook
+from engine.server.worker.request_book import RequestBook
 from engine.server.worker.sink import Sink, SinkItem
 from engine.store.db import new_run_id
 
@@ -62,8 +62,7 @@ class EngineWorker(threading.Thread):
     def __init__(self, config: EngineConfig, post: Post, mailbox: Mailbox,
                  board: HealthBoard, recorder: Any = None, label: str | None = None,
                  max_in_flight_per_sink: int = 64, limits: dict[str, Any] | None = None,
-                 engine_factory: EngineFactory | None = None, max_n: int = MAX_N,
-                 client_restart: bool = True) -> None:
+                 engine_factory: EngineFactory | None = None, client_restart: bool = True) -> None:
         super().__init__(name="kvscope-engine", daemon=True)
         self.config = config
         self.post = post
@@ -75,7 +74,7 @@ class EngineWorker(threading.Thread):
         self.engine_factory = engine_factory
         self.engine: LLMEngine | None = None
         self.run_id: str | None = None
-        self.book = RequestBook(max_in_flight_per_sink, max_n)
+        self.book = RequestBook(max_in_flight_per_sink)
         self._last_seq = -1
         self._out: list[Delivery] = []
         self._want_snapshot: list[Letter] = []  # Attach and TakeSnapshot letters
