@@ -265,11 +265,9 @@ class EngineWorker(threading.Thread):
         try:
             self.engine.add_request(params=op.params, request_id=rid, tokenized=(cmd.text, cmd.token_ids),
                                     client=sink.client_key())
-        except KVScopeError as exc:
-            self._reply(sink, Error(code_of(exc), str(exc), rid, op.type))
-            return
-        except Exception as exc:  # nothing known raises here now; never fatal if something does
-            self._reply(sink, Error(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, op.type))
+        except Exception as exc:  # a refusal (KVScopeError); anything else is never fatal either
+            text = str(exc) if isinstance(exc, KVScopeError) else f"{type(exc).__name__}: {exc}"
+            self._reply(sink, Error(code_of(exc), text, rid, op.type))  # bad_request if not a refusal
             return
         self.book.add(rid, sink, op.params.to_dict())
         self._reply(sink, Accepted(rid))
