@@ -12,7 +12,8 @@ batch of deliveries per iteration.
 Snapshots are taken only when no events are pending, so ``snapshot.seq`` is exact: the
 state equals the fold of every step message up to ``seq`` and none after. A core in a
 process of its own that dies ends this thread: the board says ``error`` with its exit
-code and the run is finished (an idle worker looks every ``IDLE_CHECK_S``).
+code, the run is finished and the API answers 503 (``alive``; an idle worker looks every
+``IDLE_CHECK_S``).
 
 Writer of: the engine, the RequestBook, the run in the recorder and the health board.
 Past 300 lines on purpose: it is one thread's loop, and its commands, restart and shutdown
