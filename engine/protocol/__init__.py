@@ -10,14 +10,8 @@ both ends encode and decode with these types.
 - ``errors``: ``ErrorCode`` and ``ProtocolError``.
 - ``codec``: ``parse_op``, ``decode_message``, ``encode`` (JSON text frames).
 
-Ops: ``submit{prompt | messages, params?, request_id?}``, ``abort{request_id}``, ``abort_all``,
-``snapshot``, ``steps_since{seq, run_id?}``, ``reset_prefix_cache``, ``ping``,
-``restart{engine}``. Messages: ``hello{protocol, run_id, config, limits}``,
-``snapshot{seq, state, metrics}``, ``step{seq, step, ts, events, metrics}``,
-``steps{run_id, since, steps, more}``, ``accepted{request_id}``,
-``output{request_id, index, text_delta, token_ids}``,
-``finished{request_id, outputs, metrics}``, ``error{code, message, request_id?, op?}``,
-``ok{op, result}``, ``pong{ts}``.
+Ops (``ops.OPS``) and messages (``messages.MESSAGES``) are documented, field by field,
+where they are declared.
 
 Ordering: on connect, ``hello`` then ``snapshot``. A client applies the ``step``
 messages whose ``seq`` is greater than the last snapshot's ``seq`` (older ones

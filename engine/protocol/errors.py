@@ -8,9 +8,7 @@ only, and keeps serving.
 
 from __future__ import annotations
 
-from engine.core.errors import (
-    EmptyPromptError, KVScopeError, PromptTooLongError, QueueFullError, SamplingParamsError,
-)
+from engine.core.errors import EmptyPromptError, PromptTooLongError, QueueFullError, SamplingParamsError
 
 
 class ErrorCode:
@@ -48,8 +46,9 @@ class ProtocolError(Exception):
         self.code, self.message, self.request_id, self.op = code, message, request_id, op
 
 
-def code_of(exc: KVScopeError) -> str:
-    """The ``error.code`` of an engine refusal (the front door's check and the engine's)."""
+def code_of(exc: Exception) -> str:
+    """The ``error.code`` of an engine refusal (the front door's check and the engine's);
+    ``bad_request`` for any other error."""
     return (ErrorCode.PROMPT_TOO_LONG if isinstance(exc, PromptTooLongError) else
             ErrorCode.EMPTY_PROMPT if isinstance(exc, EmptyPromptError) else
             ErrorCode.QUEUE_FULL if isinstance(exc, QueueFullError) else

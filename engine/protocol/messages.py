@@ -10,17 +10,13 @@ break an older client.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from engine.events.folds.run_kind import AnySnapshot, snapshot_from_dict
 from engine.events.schema.step import StepRecord
 from engine.protocol.errors import ErrorCode, ProtocolError
-
-
-def _shallow(obj: Any) -> dict[str, Any]:
-    # Not dataclasses.asdict: that deep-copies, and a snapshot's state is big.
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+from engine.protocol.fields import converted, from_wire, to_wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,15 +26,19 @@ class Message:
     type: ClassVar[str] = "message"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, **_shallow(self)}
+        return to_wire(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Message:
-        """The message a decoded frame describes; ProtocolError if a field is missing."""
+        """The message a decoded frame describes; ProtocolError if a field is missing or bad."""
         try:
-            return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-        except TypeError as exc:
-            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed {cls.type} message: {exc}") from None
+            return cls(**cls._fields_of(d))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed {cls.type} message: {exc!r}") from None
+
+    @classmethod
+    def _fields_of(cls, d: dict[str, Any]) -> dict[str, Any]:
+        return from_wire(cls, d)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +60,8 @@ class Snapshot(Message):
 
     type: ClassVar[str] = "snapshot"
     seq: int
-    state: AnySnapshot
+    state: AnySnapshot = converted(lambda state: state.to_dict(), snapshot_from_dict)
     metrics: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "seq": self.seq, "state": self.state.to_dict(),
-                "metrics": self.metrics}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Snapshot:
-        try:
-            return cls(int(d["seq"]), snapshot_from_dict(d["state"]), dict(d.get("metrics") or {}))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed snapshot message: {exc!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +79,8 @@ class Step(Message):
         return self.record.to_json('{"type":"step",')
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Step:
-        try:
-            return cls(StepRecord.from_dict(d))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed step message: {exc!r}") from None
+    def _fields_of(cls, d: dict[str, Any]) -> dict[str, Any]:
+        return {"record": StepRecord.from_dict(d)}  # the record's fields are the message's
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,20 +92,9 @@ class Steps(Message):
     type: ClassVar[str] = "steps"
     run_id: str | None
     since: int
-    steps: list[StepRecord]
+    steps: list[StepRecord] = converted(lambda records: [r.to_dict() for r in records],
+                                        lambda dicts: [StepRecord.from_dict(d) for d in dicts])
     more: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "run_id": self.run_id, "since": self.since,
-                "steps": [r.to_dict() for r in self.steps], "more": self.more}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Steps:
-        try:
-            return cls(d["run_id"], int(d["since"]), [StepRecord.from_dict(s) for s in d["steps"]],
-                       bool(d.get("more", False)))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(ErrorCode.BAD_JSON, f"malformed steps message: {exc!r}") from None
 
 
 @dataclass(frozen=True, slots=True)

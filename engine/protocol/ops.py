@@ -20,6 +20,7 @@ from engine.core.ids import MAX_REQUEST_ID_LEN, RequestIdError
 from engine.core.ids import check_request_id as core_check_request_id
 from engine.core.sampling_params import SamplingParams
 from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.protocol.fields import converted, from_wire, to_wire
 
 
 # Engine options a client may change with ``restart``: pool and scheduler shape only.
@@ -44,17 +45,13 @@ class Op:
     type: ClassVar[str] = "op"
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if v is not None:
-                out[f.name] = v
-        return out
+        return to_wire(self, drop_none=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Op:
-        """The op a frame's object describes; ops without fields ignore extra keys."""
-        return cls()
+        """The op a frame's object describes: a field it leaves out takes its default, or
+        None where it has none (which the op's own check refuses); other keys are ignored."""
+        return cls(**from_wire(cls, d, missing=None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,40 +63,24 @@ class Submit(Op):
     type: ClassVar[str] = "submit"
     prompt: str | list[int] | None = None
     messages: list[dict[str, str]] | None = None
-    params: SamplingParams = field(default_factory=SamplingParams)
+    # a dict of its fields (or None, the defaults) is converted on construction
+    params: SamplingParams = converted(lambda p: p.to_dict(), default_factory=SamplingParams)
     request_id: str | None = None
-
-    FIELDS: ClassVar[frozenset[str]] = frozenset(("type", "op", "prompt", "messages", "params",
-                                                  "request_id"))
 
     def __post_init__(self) -> None:
         if self.request_id is not None:
             check_request_id(self.request_id, "submit")
         _check_input(self.prompt, self.messages, self.request_id)
-        if not isinstance(self.params, SamplingParams):
-            raise ProtocolError(ErrorCode.BAD_PARAMS, "params must be SamplingParams",
-                                self.request_id, "submit")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = Op.to_dict(self)
-        out["params"] = self.params.to_dict()
-        return out
+        object.__setattr__(self, "params", sampling_params(self.params, self.request_id))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Submit:
-        rid = d.get("request_id")
-        if rid is not None:
-            check_request_id(rid, "submit")
-        prompt, messages, params = d.get("prompt"), d.get("messages"), d.get("params")
-        _check_input(prompt, messages, rid)
-        if params is not None and not isinstance(params, dict):
-            raise ProtocolError(ErrorCode.BAD_PARAMS, "params must be an object of sampling parameters",
-                                rid, "submit")
-        unknown = set(d) - cls.FIELDS
+        op = cls(d.get("prompt"), d.get("messages"), d.get("params"), d.get("request_id"))
+        unknown = set(d) - {"type", "op", *(f.name for f in fields(cls))}
         if unknown:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown submit field(s): {sorted(unknown)}",
-                                rid, "submit")
-        return cls(prompt, messages, sampling_params(params, rid), rid)
+                                op.request_id, "submit")
+        return op
 
 
 def sampling_params(params: SamplingParams | dict[str, Any] | None,
@@ -108,6 +89,9 @@ def sampling_params(params: SamplingParams | dict[str, Any] | None,
     a bad field raises ProtocolError ``bad_params``."""
     if isinstance(params, SamplingParams):
         return params
+    if params is not None and not isinstance(params, dict):
+        raise ProtocolError(ErrorCode.BAD_PARAMS, "params must be an object of sampling parameters",
+                            request_id, "submit")
     try:
         return SamplingParams.from_dict(dict(params or {}))
     except SamplingParamsError as exc:
@@ -145,10 +129,6 @@ class Abort(Op):
 
     def __post_init__(self) -> None:
         check_request_id(self.request_id, "abort")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Abort:
-        return cls(d.get("request_id"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +168,6 @@ class StepsSince(Op):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"run_id must be a run id string, got "
                                 f"{self.run_id!r}", op="steps_since")
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StepsSince:
-        return cls(d.get("seq"), d.get("run_id"))
-
 
 @dataclass(frozen=True, slots=True)
 class ResetPrefixCache(Op):
@@ -224,11 +200,6 @@ class Restart(Op):
         if unknown:
             raise ProtocolError(ErrorCode.BAD_CONFIG, f"restart cannot change {sorted(unknown)}; "
                                 f"allowed: {list(RESTART_KEYS)}", op="restart")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Restart:
-        opts = d.get("engine", {})
-        return cls(dict(opts) if isinstance(opts, dict) else opts)
 
 
 OPS: dict[str, type[Op]] = {cls.type: cls for cls in (

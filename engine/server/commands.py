@@ -8,6 +8,7 @@ server (torch, the model) is imported only inside ``cmd_serve``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import textwrap
@@ -47,7 +48,8 @@ def add_allowed_host_arg(g) -> None:
                         "given, is enforced too")
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> None:
+def add_server_subcommands(sub: argparse._SubParsersAction) -> None:
+    """``kvscope serve``."""
     p = sub.add_parser("serve", help="run one live engine behind a websocket and OpenAI API server",
                        description=textwrap.fill("Run one engine and stream its events over websockets "
                                                  "(protocol v2), with the OpenAI API (/v1/models, "
@@ -74,7 +76,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="bound of the engine's waiting queue (0 = unbounded); more gives queue_full")
     g.add_argument("--max-frame-bytes", type=int, default=1 << 20,
                    help="largest client frame answered; 4x this closes the connection (1009)")
-    g.add_argument("--max-in-flight", type=int, default=64, help="live requests per connection")
+    g.add_argument("--max-in-flight", dest="max_in_flight_per_conn", type=int, default=64,
+                   help="live requests per connection")
     g.add_argument("--max-frames-per-s", type=float, default=FRAMES_PER_S, metavar="N",
                    help="frames a websocket connection may send per second, after a burst of "
                         f"{FRAME_BURST}; past it the server reads that connection no faster "
@@ -108,10 +111,6 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def add_server_subcommands(sub: argparse._SubParsersAction) -> None:
-    _add_serve(sub)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.config import EngineConfig
     from engine.core import KVScopeError
@@ -130,18 +129,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
             kw["num_threads"] = serving_count()
         cfg = EngineConfig(**kw, max_waiting=args.max_queue)
-        opts = ServerOptions(cfg, host=args.host, port=args.port, db=args.db, record=args.record,
-                             label=args.label, allow_remote=args.allow_remote,
-                             token=envs.TOKEN.get(),
-                             max_frame_bytes=args.max_frame_bytes,
-                             max_in_flight_per_conn=args.max_in_flight,
-                             max_api_in_flight=args.max_api_in_flight,
-                             client_restart=args.client_restart, redact_tokens=args.redact_tokens,
-                             max_outbox_bytes=args.max_outbox_bytes, step_buffer=args.step_buffer,
-                             max_frames_per_s=args.max_frames_per_s,
-                             max_inbound_bytes_per_s=args.max_inbound_bytes_per_s,
-                             served_model_name=tuple(args.served_model_name or ()),
-                             allowed_hosts=tuple(args.allowed_hosts))
+        # the server group's flags are named as ServerOptions' fields (None: its default)
+        opts = ServerOptions(cfg, token=envs.TOKEN.get(), **{
+            f.name: v for f in dataclasses.fields(ServerOptions)
+            if (v := getattr(args, f.name, None)) is not None})
     except (BindRefused, KVScopeError, ValueError) as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2

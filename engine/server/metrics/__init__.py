@@ -7,5 +7,6 @@
 - ``series``: the ``model_name``/``engine`` labels every series carries.
 - ``vllm_families``: vLLM's single-engine set, with vLLM's names, types, help and buckets.
 - ``cache_config``: the ``vllm:cache_config_info`` labels from a run's config.
-- ``kvscope_families``: kvscope's own figures (``kvscope_*``), with the same labels.
+- ``kvscope_families``: kvscope's own step figures (``kvscope_*``), with the same labels
+  (the hub's own, ``kvscope_ws_*``, are ``ServerMetrics'``).
 """

@@ -2,7 +2,7 @@
 
 Gauges show the latest step; counters add each step's ``_step`` deltas (see
 ``engine.events.metrics.step_metrics``) or count events, so they stay monotonic across restarts.
-Server figures (websocket connections, drops, errors) are here too.
+The hub's own figures (websocket connections, drops, errors) are ``ServerMetrics``'.
 """
 
 from __future__ import annotations
@@ -60,27 +60,6 @@ class KVScopeFamilies:
         self.steps = s.one(Counter, "kvscope_steps", "Engine steps published.")
         self.num_blocks = s.one(Gauge, "kvscope_num_blocks", "Blocks in the KV pool.")
         self.block_size = s.one(Gauge, "kvscope_block_size", "Token slots per block.")
-        self.connections = s.one(Gauge, "kvscope_ws_connections", "Open websocket connections.")
-        self.dropped_steps = s.one(Counter, "kvscope_ws_dropped_step_messages",
-                                   "Step messages dropped for slow clients (they resync).")
-        self.errors = s.by(Counter, "kvscope_ws_errors", "Error messages sent, by code.", "code", ())
-        self.outbox_max = s.one(Gauge, "kvscope_ws_outbox_max_step_messages",
-                                "Largest queue of unsent step messages over connected clients.")
-        self.outbox_max_bytes = s.one(Gauge, "kvscope_ws_outbox_max_bytes",
-                                      "Largest unsent bytes (replies and steps) over connected clients.")
-        self.slow_client_closes = s.one(Counter, "kvscope_ws_slow_client_closes",
-                                        "Connections closed (1008 slow_client) for leaving more than "
-                                        "the outbox bound unread.")
-        self.throttled_seconds = s.one(Counter, "kvscope_ws_throttled_seconds",
-                                       "Seconds websocket connections were not read because they "
-                                       "sent past their frame or byte rate.")
-
-    def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
-                  outbox_max_bytes: Callable[[], int] = lambda: 0) -> None:
-        self.connections.set_function(connections)
-        self.outbox_max.set_function(outbox_max)
-        self.outbox_max_bytes.set_function(outbox_max_bytes)
-
     def watch_config(self, config: Callable[[], dict[str, Any]]) -> None:
         self.num_blocks.set_function(lambda: config().get("num_blocks") or 0)
         self.block_size.set_function(lambda: config().get("block_size") or 0)

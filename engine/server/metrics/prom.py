@@ -25,14 +25,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from engine.events.metrics.block_residency import BlockResidency
 from engine.events.schema.step import StepRecord
 from engine.server.worker.health import StepFaults
 from engine.server.metrics.kvscope_families import KVScopeFamilies
-from engine.server.metrics.series import Series
+from engine.server.metrics.series import LABEL_NAMES, Series
 from engine.server.metrics.vllm_families import VLLMFamilies
 from engine.store.recorder_health import RecorderHealth
 
@@ -50,11 +50,22 @@ class ServerMetrics:
         self.residency = BlockResidency()
         self._config: Callable[[], dict[str, Any]] = dict
         self._run_started = False
-        # the hub counts these itself
-        self.dropped_steps = self.kvscope.dropped_steps
-        self.errors = self.kvscope.errors
-        self.slow_client_closes = self.kvscope.slow_client_closes
-        self.throttled_seconds = self.kvscope.throttled_seconds
+        # the hub's figures (it counts drops, errors, closes and throttling itself)
+        s = self.series
+        self.connections = s.one(Gauge, "kvscope_ws_connections", "Open websocket connections.")
+        self.dropped_steps = s.one(Counter, "kvscope_ws_dropped_step_messages",
+                                   "Step messages dropped for slow clients (they resync).")
+        self.errors = s.by(Counter, "kvscope_ws_errors", "Error messages sent, by code.", "code", ())
+        self.outbox_max = s.one(Gauge, "kvscope_ws_outbox_max_step_messages",
+                                "Largest queue of unsent step messages over connected clients.")
+        self.outbox_max_bytes = s.one(Gauge, "kvscope_ws_outbox_max_bytes",
+                                      "Largest unsent bytes (replies and steps) over connected clients.")
+        self.slow_client_closes = s.one(Counter, "kvscope_ws_slow_client_closes",
+                                        "Connections closed (1008 slow_client) for leaving more than "
+                                        "the outbox bound unread.")
+        self.throttled_seconds = s.one(Counter, "kvscope_ws_throttled_seconds",
+                                       "Seconds websocket connections were not read because they "
+                                       "sent past their frame or byte rate.")
 
     @property
     def model_name(self) -> str:
@@ -63,15 +74,17 @@ class ServerMetrics:
     def watch_hub(self, connections: Callable[[], int], outbox_max: Callable[[], int],
                   outbox_max_bytes: Callable[[], int] = lambda: 0) -> None:
         """Gauges read at scrape time from the hub."""
-        self.kvscope.watch_hub(connections, outbox_max, outbox_max_bytes)
+        self.connections.set_function(connections)
+        self.outbox_max.set_function(outbox_max)
+        self.outbox_max_bytes.set_function(outbox_max_bytes)
 
     def watch_recorder(self, health: Callable[[], RecorderHealth]) -> None:
         """The recorder's figures, read at scrape time from ``Recorder.health``."""
-        self.registry.register(_RecorderCollector(health, self.series))
+        self.registry.register(_ReadAtScrape(health, _RECORDER_FAMILIES, self.series))
 
     def watch_faults(self, faults: Callable[[], StepFaults]) -> None:
         """Engine steps that raised, read at scrape time from the health board."""
-        self.registry.register(_FaultCollector(faults, self.series))
+        self.registry.register(_ReadAtScrape(faults, _FAULT_FAMILIES, self.series))
 
     def watch_config(self, config: Callable[[], dict[str, Any]]) -> None:
         """The current run's effective config (empty while loading), read when needed."""
@@ -103,55 +116,45 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class _RecorderCollector:
-    """``kvscope_recorder_*``: totals the recorder keeps itself (so they never reset
-    with an engine restart), exposed as counters; backlog and liveness as gauges."""
+class _ReadAtScrape:
+    """Families whose values live elsewhere and are read at scrape time: one
+    ``(family type, name, help, value of the source)`` per family."""
 
-    def __init__(self, health: Callable[[], RecorderHealth], series: Series) -> None:
-        self.health = health
+    def __init__(self, source: Callable[[], Any], families: tuple, series: Series) -> None:
+        self.source = source
+        self.families = families
         self.series = series
 
     def collect(self):
-        h = self.health()
-        names, values = ["model_name", "engine"], [self.series.model_name, self.series.engine]
-        for name, doc, value in (
-                ("kvscope_recorder_errors", "Failed recorder write attempts (database faults).",
-                 h.errors_total),
-                ("kvscope_recorder_dropped_steps", "Steps dropped: the backlog passed its bound "
-                 "while the database failed (marked in the run).", h.dropped_steps_total),
-                ("kvscope_recorder_dropped_requests", "Finished requests' rows dropped the same way.",
-                 h.dropped_requests_total),
-                ("kvscope_recorder_skipped_rows", "Rows the database could never store, skipped.",
-                 h.skipped_rows_total),
-                ("kvscope_recorder_written_rows", "Rows the recorder committed.", h.written_rows_total)):
-            family = CounterMetricFamily(name, doc, labels=names)
-            family.add_metric(values, value)
-            yield family
-        for name, doc, value in (
-                ("kvscope_recorder_backlog_steps", "Steps queued or held for a retry, not yet committed.",
-                 h.backlog_steps),
-                ("kvscope_recorder_up", "1 while the recorder's writer runs and writes succeed, else 0.",
-                 int(h.alive and h.fault is None))):
-            family = GaugeMetricFamily(name, doc, labels=names)
-            family.add_metric(values, value)
+        source = self.source()
+        for family_type, name, doc, value_of in self.families:
+            family = family_type(name, doc, labels=list(LABEL_NAMES))
+            family.add_metric(list(self.series.values), value_of(source))
             yield family
 
 
-class _FaultCollector:
-    """``kvscope_engine_step_failures`` and ``..._failed_requests``: steps that raised, and
-    the requests they failed (each fails only its own; the engine keeps serving)."""
-
-    def __init__(self, faults: Callable[[], StepFaults], series: Series) -> None:
-        self.faults = faults
-        self.series = series
-
-    def collect(self):
-        f = self.faults()
-        for name, doc, value in (
-                ("kvscope_engine_step_failures", "Engine steps that raised; each failed only the "
-                 "requests it held.", f.steps),
-                ("kvscope_engine_failed_requests", "Requests failed by an engine step that raised.",
-                 f.requests)):
-            family = CounterMetricFamily(name, doc, labels=["model_name", "engine"])
-            family.add_metric(list(self.series.values), value)
-            yield family
+# ``kvscope_recorder_*``: totals the recorder keeps itself (so they never reset with an
+# engine restart), exposed as counters; backlog and liveness as gauges.
+_RECORDER_FAMILIES = (
+    (CounterMetricFamily, "kvscope_recorder_errors", "Failed recorder write attempts (database faults).",
+     lambda h: h.errors_total),
+    (CounterMetricFamily, "kvscope_recorder_dropped_steps", "Steps dropped: the backlog passed its bound "
+     "while the database failed (marked in the run).", lambda h: h.dropped_steps_total),
+    (CounterMetricFamily, "kvscope_recorder_dropped_requests", "Finished requests' rows dropped the same way.",
+     lambda h: h.dropped_requests_total),
+    (CounterMetricFamily, "kvscope_recorder_skipped_rows", "Rows the database could never store, skipped.",
+     lambda h: h.skipped_rows_total),
+    (CounterMetricFamily, "kvscope_recorder_written_rows", "Rows the recorder committed.",
+     lambda h: h.written_rows_total),
+    (GaugeMetricFamily, "kvscope_recorder_backlog_steps", "Steps queued or held for a retry, not yet committed.",
+     lambda h: h.backlog_steps),
+    (GaugeMetricFamily, "kvscope_recorder_up", "1 while the recorder's writer runs and writes succeed, else 0.",
+     lambda h: int(h.alive and h.fault is None)),
+)
+# Steps that raised, and the requests they failed (each fails only its own; the engine keeps serving).
+_FAULT_FAMILIES = (
+    (CounterMetricFamily, "kvscope_engine_step_failures", "Engine steps that raised; each failed only the "
+     "requests it held.", lambda f: f.steps),
+    (CounterMetricFamily, "kvscope_engine_failed_requests", "Requests failed by an engine step that raised.",
+     lambda f: f.requests),
+)

@@ -200,11 +200,9 @@ class VLLMFamilies:
             self.iteration_tokens.observe(m["num_output_tokens_step"] + sum(
                 f.num_prompt_tokens - f.num_cached_tokens for f in first))
         for f in first:
-            self.ttft.observe(f.ttft_s)
+            self._first_token(f)
         for v in m.get("itl_s") or ():
             self.itl.observe(v)
-        for f in first:
-            self._first_token(f)
         for d in m.get("finished_requests") or ():
             self._finished(FinishedRequestStats.from_dict(d))
         for t in tenures:
@@ -214,6 +212,7 @@ class VLLMFamilies:
                 self.reuse_gap.observe(gap)
 
     def _first_token(self, f: FirstTokenStats) -> None:
+        self.ttft.observe(f.ttft_s)
         self.prompt_tokens.inc(f.num_prompt_tokens)
         self.prompt_by_source["local_compute"].inc(f.num_prompt_tokens - f.num_cached_tokens)
         self.prompt_by_source["local_cache_hit"].inc(f.num_cached_tokens)

@@ -1,31 +1,23 @@
-"""EngineWorker: the one thread that owns the LLMEngine.
+"""EngineWorker: the one thread that owns the LLMEngine (docs/architecture.md, "Front
+doors: one port, one mailbox"). Where the engine's core runs (this process, or a child:
+``EngineConfig.engine_core_process``) is the engine's business, not this thread's.
 
-Every server runs it as a thread of its own process; where the engine's core runs
-(in this process, or in a child: ``EngineConfig.engine_core_process``, ``kvscope
-serve``'s default) is the engine's business (``engine.engine_core.client``), not this
-thread's: it only waits on the core's answers.
+It starts the engine, then loops: take letters from the mailbox (blocking only when the
+engine has nothing to do, so an idle server sends no steps and burns no CPU), execute
+their commands (the protocol op itself, or a lifecycle command; answers are ``Reply``s to
+the letter's sink, whichever front door made it), step while there is work (unfinished
+requests or events not yet published), and hand the results to the event loop as one
+batch of deliveries per iteration.
 
-It starts the engine (the core loads the model), then loops: take letters from the mailbox (blocking only
-when the engine has nothing to do, so an idle server sends no steps and burns no
-CPU), execute their commands, step while there is work (unfinished requests or
-events not yet published), and hand the results to the event loop as one batch
-of deliveries per iteration.
+Snapshots are taken only when no events are pending, so ``snapshot.seq`` is exact: the
+state equals the fold of every step message up to ``seq`` and none after. A core in a
+process of its own that dies ends this thread: the board says ``error`` with its exit
+code, the run is finished and the API answers 503 (``alive``; an idle worker looks every
+``IDLE_CHECK_S``).
 
-A letter's command is the protocol op itself (or a lifecycle command); its
-answers are ``Reply``s to the letter's sink, whichever front door made it, so
-the websocket hub and the OpenAI HTTP API share this one entry; the sink's
-``source`` is recorded with each of its requests.
-
-Snapshots are taken only when no events are pending (right after a step, or when
-nothing happened since), so ``snapshot.seq`` is exact: the state equals the fold
-of every step message up to ``seq`` and none after.
-
-A core in a child of its own that dies (killed, crashed) ends this thread: the board
-says ``error`` with the child's exit code, the run is finished, and the API answers
-503 (``alive``). An idle worker looks at the child every ``IDLE_CHECK_S``.
-
-Writer of: the engine, the RequestBook, the run in the recorder and the health
-board. Nothing else touches them.
+Writer of: the engine, the RequestBook, the run in the recorder and the health board.
+Past 300 lines on purpose: it is one thread's loop, and its commands, restart and shutdown
+all write that one state; split, its only writer would be read from several files.
 """
 
 from __future__ import annotations
@@ -55,7 +47,7 @@ from engine.server.worker.mailbox import (
 )
 from engine.server.worker.output_messages import finished_fields
 from engine.server.worker.prompt_prep import PromptPrep
-from engine.server.worker.request_book import MAX_N, RequestBook
+from engine.server.worker.request_book import RequestBook
 from engine.server.worker.sink import Sink, SinkItem
 from engine.store.db import new_run_id
 
@@ -71,8 +63,7 @@ class EngineWorker(threading.Thread):
     def __init__(self, config: EngineConfig, post: Post, mailbox: Mailbox,
                  board: HealthBoard, recorder: Any = None, label: str | None = None,
                  max_in_flight_per_sink: int = 64, limits: dict[str, Any] | None = None,
-                 engine_factory: EngineFactory | None = None, max_n: int = MAX_N,
-                 client_restart: bool = True) -> None:
+                 engine_factory: EngineFactory | None = None, client_restart: bool = True) -> None:
         super().__init__(name="kvscope-engine", daemon=True)
         self.config = config
         self.post = post
@@ -84,7 +75,7 @@ class EngineWorker(threading.Thread):
         self.engine_factory = engine_factory
         self.engine: LLMEngine | None = None
         self.run_id: str | None = None
-        self.book = RequestBook(max_in_flight_per_sink, max_n)
+        self.book = RequestBook(max_in_flight_per_sink)
         self._last_seq = -1
         self._out: list[Delivery] = []
         self._want_snapshot: list[Letter] = []  # Attach and TakeSnapshot letters
@@ -103,7 +94,9 @@ class EngineWorker(threading.Thread):
     def run(self) -> None:
         try:
             with ProgressCapture(self.board.note):
-                engine = self._start_engine()
+                engine = (self.engine_factory(self.config) if self.engine_factory is not None else
+                          LLMEngine.from_config(self.config, progress=self.board.note,
+                                                should_stop=self.stop_requested.is_set))
         except LoadStopped:
             return
         except BaseException as exc:  # any load failure is reported, never raised into a void
@@ -131,12 +124,6 @@ class EngineWorker(threading.Thread):
             self.board.set(Health(Status.ERROR, "the engine thread crashed; see the server log"))
             self._finish_run()
             raise
-
-    def _start_engine(self) -> LLMEngine:
-        if self.engine_factory is not None:
-            return self.engine_factory(self.config)
-        return LLMEngine.from_config(self.config, progress=self.board.note,
-                                     should_stop=self.stop_requested.is_set)
 
     def alive(self) -> bool:
         """The worker runs and its core can answer (a core's process may have died)."""
@@ -216,18 +203,14 @@ class EngineWorker(threading.Thread):
         fault = self.engine.last_fault
         if fault is not None:
             for f in fault.failures:
-                self._tell_failed(f.request_id, f.detail)
+                owned = self.book.get(f.request_id)
+                if owned is not None:  # no op: its submit was accepted; its finished follows
+                    self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this "
+                                                  f"request failed ({f.detail}); the request was "
+                                                  f"aborted", f.request_id))
             self.board.note_step_failure(fault.detail, len(fault.failures))
         for out in outputs:  # the failed requests' finished (abort) come first
             self._deliver(out)
-
-    def _tell_failed(self, rid: str, detail: str) -> None:
-        """Tell ``rid``'s submitter that its step failed (``detail``: what raised)."""
-        owned = self.book.get(rid)
-        if owned is not None:
-            # no op: this answers no op (its submit was accepted); its finished follows
-            self._reply(owned.sink, Error(ErrorCode.INTERNAL, f"the engine step running this "
-                                          f"request failed ({detail}); the request was aborted", rid))
 
     # ---- commands ---------------------------------------------------------------------
 
@@ -248,10 +231,8 @@ class EngineWorker(threading.Thread):
             n = len(self.book.live())
             self._abort_all()
             self._reply(sink, Ok(cmd.type, {"num_aborted": n}))
-        elif isinstance(cmd, Detach):
-            # The submitter is gone: nobody will read these outputs, so stop spending on them.
-            for rid in self.book.live(sink):
-                self._abort(rid)
+        elif isinstance(cmd, Detach):  # nobody will read its outputs: stop spending on them
+            self._abort_all(sink)
         elif isinstance(cmd, ResetPrefixCache):
             n = self.engine.reset_prefix_cache()
             self._reply(sink, Ok(cmd.type, {"num_blocks_reset": n}))
@@ -285,11 +266,9 @@ class EngineWorker(threading.Thread):
         try:
             self.engine.add_request(params=op.params, request_id=rid, tokenized=(cmd.text, cmd.token_ids),
                                     client=sink.client_key())
-        except KVScopeError as exc:
-            self._reply(sink, Error(code_of(exc), str(exc), rid, op.type))
-            return
-        except Exception as exc:  # nothing known raises here now; never fatal if something does
-            self._reply(sink, Error(ErrorCode.BAD_REQUEST, f"{type(exc).__name__}: {exc}", rid, op.type))
+        except Exception as exc:  # a refusal (KVScopeError); anything else is never fatal either
+            text = str(exc) if isinstance(exc, KVScopeError) else f"{type(exc).__name__}: {exc}"
+            self._reply(sink, Error(code_of(exc), text, rid, op.type))  # bad_request if not a refusal
             return
         self.book.add(rid, sink, op.params.to_dict())
         self._reply(sink, Accepted(rid))
@@ -301,8 +280,9 @@ class EngineWorker(threading.Thread):
         else:  # already finished inside the engine; make sure we do not leak it
             self.book.release(rid)
 
-    def _abort_all(self) -> None:
-        for rid in self.book.live():
+    def _abort_all(self, sink: Sink | None = None) -> None:
+        """Abort every live request (of ``sink``, or all)."""
+        for rid in self.book.live(sink):
             try:
                 self._abort(rid)
             except Exception:

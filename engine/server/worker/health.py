@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from engine.store.recorder_health import RecorderHealth, recorder_problem
@@ -58,7 +58,7 @@ class Health:
 @dataclass(frozen=True, slots=True)
 class StepFaults:
     """Engine steps that raised since the server started (across restarts): each failed
-    only the requests it held, and the engine kept serving (``engine_loop._fail_step``)."""
+    only the requests it held, and the engine kept serving (``EngineWorker._step``)."""
 
     steps: int = 0
     requests: int = 0
@@ -66,8 +66,7 @@ class StepFaults:
     last_at: float = 0.0  # unix time
 
     def to_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "requests": self.requests, "last": self.last,
-                "last_at": self.last_at}
+        return asdict(self)
 
 
 class HealthBoard:

@@ -118,9 +118,6 @@ class Mailbox:
                 self._ops -= n
         return out
 
-    def __len__(self) -> int:
-        return self._q.qsize()
-
 
 # ---- deliveries (engine thread → event-loop thread) --------------------------
 

@@ -6,6 +6,7 @@ with the request, so the recording and the ``finished`` message agree.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from engine.outputs import RequestOutput
@@ -35,7 +36,5 @@ def finished_fields(out: RequestOutput) -> tuple[list[dict[str, Any]], dict[str,
         "num_output_tokens": sum(len(c.token_ids) for c in out.outputs),
     }
     if m is not None:
-        metrics.update(arrival_time=m.arrival_time, first_scheduled_time=m.first_scheduled_time,
-                       first_token_time=m.first_token_time, last_token_time=m.last_token_time,
-                       finished_time=m.finished_time, ttft=m.ttft, e2e=m.e2e)
+        metrics.update(asdict(m), ttft=m.ttft, e2e=m.e2e)  # its times, then what follows from them
     return outputs, metrics

@@ -86,7 +86,7 @@ class RequestBook:
 
     def release(self, rid: str) -> None:
         owned = self._owned.pop(rid, None)
-        if owned is not None and owned.sink.id in self._in_flight:
+        if owned is not None:  # counted by add
             self._in_flight[owned.sink.id] -= 1
             if not self._in_flight[owned.sink.id]:
                 del self._in_flight[owned.sink.id]

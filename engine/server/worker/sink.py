@@ -1,30 +1,21 @@
 """Sink: where the engine thread's answers for one front-door client go.
 
-This is the seam between the engine thread and every front door (the websocket
-hub; the OpenAI HTTP API, ``engine.openai``). A front door makes one Sink per client
-(a websocket connection, an HTTP call), gets its ``id`` from
-``Mailbox.new_sink_id()`` and sends protocol ops with it:
-``mailbox.send(sink, Submit(...))``. The engine thread answers with
-``Reply(sink, item)`` deliveries, and the event loop calls ``sink.deliver(item)``
-for each, in the order the engine made them. ``item`` is:
+The seam between the engine thread and every front door (docs/architecture.md, "Front
+doors"): a sink, its ``id`` from ``Mailbox.new_sink_id()``, sends protocol ops with
+``mailbox.send(sink, op)`` and gets each answer, in the order the engine made them, as
+``sink.deliver(item)`` on the event-loop thread. ``item`` is:
 
-- ``Accepted`` once a ``Submit`` entered the engine, or ``Error`` (with the
-  request id) if it did not;
-- a ``RequestOutput`` for every step in which the request made progress: its
-  ``deltas`` are new text and tokens per sample since the previous one, and the
-  last has ``finished`` set (also after an ``Abort``, with reason ``abort``);
-- ``Ok`` for ``ResetPrefixCache`` (``num_blocks_reset``), ``AbortAll`` (``num_aborted``) and ``Restart``;
-  ``Error`` for a refused op;
+- for a ``Submit``: ``Accepted`` or ``Error`` (with the request id), then a
+  ``RequestOutput`` for every step in which the request made progress (``deltas``: new
+  text and tokens per sample); the last has ``finished`` set (also after an ``Abort``);
+- ``Ok`` for ``ResetPrefixCache`` (``num_blocks_reset``), ``AbortAll`` (``num_aborted``)
+  and ``Restart``; ``Error`` for a refused op;
 - ``Hello`` and ``Snapshot`` for ``Attach`` and ``TakeSnapshot`` (subscribers).
 
-A sink's class names its front door (``source``): the engine thread records it
-with every request the sink submits (the ``requests.source`` column).
-
-Identity is the object: only the sink that submitted a request may abort it,
-and ``Detach(sink)`` aborts the sink's live requests (its client is gone). A
-RequestOutput is read on the loop thread after the engine moved on, so the
-engine must not mutate what a sink reads of it: the deltas, and the whole
-output once finished.
+Identity is the object: only the submitting sink may abort a request, and
+``Detach(sink)`` aborts the sink's live requests. A RequestOutput is read on the loop
+thread after the engine moved on, so the engine must not mutate what a sink reads of it:
+the deltas, and the whole output once finished.
 """
 
 from __future__ import annotations
