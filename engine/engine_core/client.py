@@ -7,8 +7,8 @@ answer them the same way; the engine (``engine.llm_engine``) cannot tell them ap
   lessons, the benchmarks, tests that look into the scheduler: ``engine_core``);
 - ``ProcessClient``: the core in a child of its own (``python -m
   engine.engine_core.process``, started here; ``EngineConfig.engine_core_process``,
-  ``kvscope serve``'s default). Each call is one msgpack command over a socket and one
-  answer (``engine.engine_core.messages``); the answer also says whether the core has
+  ``kvscope serve``'s default). Each call is one msgpack ``(name, args)`` over a socket
+  and one answer (``engine.engine_core.messages``); the answer also says whether the core has
   work or events waiting, so the engine's loop asks the child nothing between steps.
   The child is a fresh interpreter started by ``subprocess``, not multiprocessing: it
   never re-imports the parent's ``__main__`` (a script without a main guard, Streamlit's
@@ -32,8 +32,6 @@ import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
-
-import msgspec
 
 from engine.engine_core import messages as m
 from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
@@ -103,26 +101,29 @@ class ProcessClient:
             else:
                 return msg.info
 
-    def _call(self, command: msgspec.Struct) -> msgspec.Raw:
+    def _call(self, name: str, *args: Any) -> Any:
+        """Call the core's method ``name`` (``messages.CALLS``) and wait for its answer."""
         try:
-            self._conn.send_bytes(m.encode(command))
+            self._conn.send_bytes(m.encode((name, args)))
             answer = m.answer_decoder.decode(self._conn.recv_bytes())
         except (EOFError, OSError):
             self._wait(1.0)
             raise CoreDied(self.exitcode) from None
         self._unfinished, self._pending = answer.unfinished, answer.pending
+        if answer.info is not None:
+            self.info = answer.info
         if answer.failure is not None:
             m.raise_failure(answer.failure)
-        return answer.value
+        return m.decode(answer.value, m.CALLS[name][1])
 
     def add_request(self, request: EngineCoreRequest) -> list[str]:
-        return m.decode(self._call(m.AddRequestCall(request)), list[str])
+        return self._call("add_request", request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        self._call(m.AbortRequestsCall(request_ids))
+        self._call("abort_requests", request_ids)
 
     def step(self, stop_ids: list[str], summary: bool) -> CoreStep:
-        return m.decode_step(self._call(m.StepCall(stop_ids, summary)))
+        return self._call("step", stop_ids, summary)
 
     def has_unfinished_requests(self) -> bool:
         return self._unfinished
@@ -131,18 +132,16 @@ class ProcessClient:
         return self._pending
 
     def reset_prefix_cache(self) -> int:
-        return m.decode(self._call(m.ResetPrefixCacheCall()), int)
+        return self._call("reset_prefix_cache")
 
     def snapshot(self, tokens: bool = True) -> PoolSnapshot:
-        return PoolSnapshot.from_dict(m.decode(self._call(m.SnapshotCall(tokens)), dict))
+        return self._call("snapshot", tokens)
 
     def stats(self) -> dict:
-        return m.decode(self._call(m.StatsCall()), dict)
+        return self._call("stats")
 
     def restart(self, options: dict[str, Any], limits: dict[str, int] | None) -> CoreStep | None:
-        done = m.decode(self._call(m.RestartCall(options, limits)), m.Restarted)
-        self.info = done.info
-        return None if done.closing == m.NIL else m.decode_step(done.closing)
+        return self._call("restart", options, limits)  # the answer brings the new core's info
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -159,15 +158,12 @@ class ProcessClient:
             pass
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the child in order (it answers nothing more), or kill it after ``timeout``."""
+        """Stop the child in order (our end closes: it reads EOF and ends), or kill it after
+        ``timeout``."""
+        self._conn.close()
         if self.alive():
-            try:
-                self._conn.send_bytes(m.encode(m.ShutdownCall()))
-            except OSError:
-                pass
             self._wait(timeout)
         self.kill()
-        self._conn.close()
 
     def kill(self) -> None:
         if self.alive():

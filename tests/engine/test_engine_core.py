@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from engine.config import EngineConfig
 from engine.core import SamplingParams
+from engine.core.core_step import CoreStep
 from engine.engine_core import messages as m
 from engine.llm_engine import LLMEngine
 
@@ -65,7 +66,7 @@ def test_every_step_crosses_the_wire_as_it_was(tiny_llama):
     _workload(eng)
     assert len(eng.core.steps) > 10
     for step in eng.core.steps:
-        assert m.decode_step(bytes(m.encode_step(step))) == step
+        assert m.decode(m.encode(step), CoreStep) == step
 
 
 class _Recording:
