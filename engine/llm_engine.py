@@ -55,9 +55,9 @@ class LLMEngine:
         self.info: CoreInfo = core.info
         self.tokenizer = tokenizer or Tokenizer(self.info.weights_dir)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.metrics = MetricsTracker(MetricsConfig(
-            block_size=self.info.block_size, num_blocks=self.info.num_blocks,
-            max_num_batched_tokens=self.info.max_num_batched_tokens))
+        d = self.info.describe
+        self.metrics = MetricsTracker(MetricsConfig(block_size=d["block_size"], num_blocks=d["num_blocks"],
+                                                    max_num_batched_tokens=d["max_num_batched_tokens"]))
         self.step_listeners: list[StepListener] = []
         self._rng = random.Random(config.seed)  # seeds of requests that bring none
         self._ids = itertools.count()
@@ -105,7 +105,7 @@ class LLMEngine:
 
     @property
     def max_model_len(self) -> int:
-        return self.info.max_model_len
+        return self.info.describe["max_model_len"]
 
     def describe(self) -> dict:
         """The engine's effective config (derived values filled in), JSON-able."""

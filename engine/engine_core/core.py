@@ -100,14 +100,11 @@ class EngineCore:
     def _execute(self, out: SchedulerOutput) -> tuple[ModelRunnerOutput, StepFault | None]:
         try:
             return self.runner.execute(out), None
-        except Exception as exc:
+        except BaseException as exc:
             self.scheduler.kv.uncache_uncomputed()  # blocks hashed for K/V this forward never wrote
-            if out.is_empty:  # only copies ran: no request to blame
+            if out.is_empty or not isinstance(exc, Exception):  # only copies ran: no request to blame
                 raise
             return self._isolate(out, exc)
-        except BaseException:
-            self.scheduler.kv.uncache_uncomputed()
-            raise
 
     def _isolate(self, out: SchedulerOutput, exc: Exception) -> tuple[ModelRunnerOutput, StepFault]:
         """Run the failed step's requests one at a time; fail those that raise alone (or
@@ -120,8 +117,9 @@ class EngineCore:
         prompt_logprobs: dict = {}
         failed: dict[str, str] = {}  # user request id -> why
         unsound: set[int] = set()  # blocks a failed piece was to write
-        users = [self._user_request_id(piece.request_id) for piece in pieces]
-        for piece, user in zip(pieces, users):
+        for piece in pieces:
+            req = self.scheduler.requests.get(piece.request_id)
+            user = req.parent_id if req is not None and req.parent_id is not None else piece.request_id
             why = None
             if user in failed:
                 why = failed[user]  # a sample of a request that failed: it fails whole
@@ -139,11 +137,9 @@ class EngineCore:
             if why is not None:
                 failed.setdefault(user, why)
                 unsound |= piece.writes
-        self._finish_users(failed)
         if not failed:
             logger.warning("engine step %d: every request ran alone; none failed", out.step)
-        return ModelRunnerOutput(sampled, prompt_logprobs), StepFault(out.step, detail, [RequestFailure(u, w)
-                                                                      for u, w in failed.items()])
+        return ModelRunnerOutput(sampled, prompt_logprobs), self._fail(out.step, detail, failed)
 
     def _fail_held(self, exc: Exception) -> StepFault:
         """A step raised outside its forward: fail the requests it held, so the next step
@@ -164,22 +160,18 @@ class EngineCore:
             raise exc
         sched.kv.uncache_uncomputed()  # idempotent: a fault after the forward finds nothing to undo
         detail = f"{type(exc).__name__}: {exc}"
-        users = list(dict.fromkeys(r.parent_id or r.request_id for r in held))  # a fork's samples: one
-        logger.error("engine step failed (%s); failing its %d request(s) %s", detail, len(users),
-                     users[:8], exc_info=exc)
-        self._finish_users(dict.fromkeys(users, detail))
-        return StepFault(sched.step, detail, [RequestFailure(u, detail) for u in users])
+        failed = dict.fromkeys((r.parent_id or r.request_id for r in held), detail)  # a fork's samples: one
+        logger.error("engine step failed (%s); failing its %d request(s) %s", detail, len(failed),
+                     list(failed)[:8], exc_info=exc)
+        return self._fail(sched.step, detail, failed)
 
-    def _finish_users(self, users: dict[str, str]) -> None:
-        """Abort every core request of these user requests (a fork's or a fan-out's samples too)."""
+    def _fail(self, step: int, detail: str, failed: dict[str, str]) -> StepFault:
+        """Abort every core request of the failed user requests (a fork's or a fan-out's
+        samples too); the step's fault names them (user request id -> why)."""
         sched = self.scheduler
-        doomed = [rid for rid, r in sched.requests.items() if (r.parent_id or rid) in users]
-        for rid in doomed:
+        for rid in [rid for rid, r in sched.requests.items() if (r.parent_id or rid) in failed]:
             sched.finish_request(rid, RequestStatus.FINISHED_ABORTED)
-
-    def _user_request_id(self, core_id: str) -> str:
-        req = self.scheduler.requests.get(core_id)
-        return req.parent_id if req is not None and req.parent_id is not None else core_id
+        return StepFault(step, detail, [RequestFailure(u, why) for u, why in failed.items()])
 
     # ---- cache control, figures, restart ------------------------------------------
 
@@ -237,19 +229,17 @@ class EngineCore:
 
 
 def _info(core: EngineCore) -> CoreInfo:
-    loaded, cache, sched, per_block = core.loaded, core.scheduler.cache_config, core.scheduler.config, \
-        core.kv_bytes_per_block
+    loaded, cache, sched = core.loaded, core.scheduler.cache_config, core.scheduler.config
     spec = loaded.spec
     d = core.config.to_dict()
     d.update(
         model_name=spec.name, architecture=spec.architecture, device=str(loaded.device),
         dtype=str(loaded.dtype).replace("torch.", ""), attention_backend=core.runner.backend.name,
         block_size=cache.block_size, num_blocks=cache.num_blocks, max_model_len=sched.max_model_len,
-        max_num_batched_tokens=sched.max_num_batched_tokens, kv_bytes_per_block=per_block,
+        max_num_batched_tokens=sched.max_num_batched_tokens, kv_bytes_per_block=core.kv_bytes_per_block,
         tokenizer_file=_tokenizer_file(loaded.weights_dir),
     )
-    return CoreInfo(d, str(loaded.weights_dir), spec.vocab_size, sched.max_model_len, cache.num_blocks,
-                    cache.block_size, sched.max_num_seqs, sched.max_num_batched_tokens, per_block)
+    return CoreInfo(d, str(loaded.weights_dir), spec.vocab_size)
 
 
 def _tokenizer_file(weights_dir) -> str | None:

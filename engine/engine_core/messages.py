@@ -47,18 +47,13 @@ class EngineCoreRequest:
 @dataclass(frozen=True, slots=True)
 class CoreInfo:
     """What the core tells the engine once it is built (and again after a restart): the
-    effective config (``describe``: JSON-able, derived values filled in) and the facts
-    the serving side needs without the model (where the tokenizer is, the limits)."""
+    effective config (``describe``: JSON-able, derived values filled in: ``block_size``,
+    ``num_blocks``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``kv_bytes_per_block``) and what the serving side needs without the model."""
 
     describe: dict[str, Any]
-    weights_dir: str
+    weights_dir: str  # where the tokenizer is
     vocab_size: int
-    max_model_len: int
-    num_blocks: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    kv_bytes_per_block: int
 
 
 # ---- calls (engine -> core process) and their answers ----------------------------------
