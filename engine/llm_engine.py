@@ -25,7 +25,7 @@ from collections.abc import Callable
 from engine.config import EngineConfig
 from engine.core import SamplingParams
 from engine.core.ids import check_request_id
-from engine.engine_core.client import ProcessClient, make_client
+from engine.engine_core.client import ProcessClient
 from engine.engine_core.core import EngineCore
 from engine.core.core_step import CoreStep, StepFault
 from engine.engine_core.messages import CoreInfo, EngineCoreRequest
@@ -80,7 +80,9 @@ class LLMEngine:
         """Start the core ``config`` asks for (``engine_core_process``) and an engine over
         it. ``progress``/``should_stop``: for a core in its own process, its load's log
         lines and a way to give the load up (``engine.engine_core.client``)."""
-        return cls(config, make_client(config, progress, should_stop))
+        if config.engine_core_process:
+            return cls(config, ProcessClient(config, progress, should_stop))
+        return build_engine(config)  # the core here, and so torch
 
     def close(self) -> None:
         """Stop what runs beside the engine: the KV event publisher (queued batches go
@@ -212,9 +214,7 @@ class LLMEngine:
         closing = self.core.restart(options, limits)
         config = dataclasses.replace(self.config, **options)
         for rid in list(self.output_processor.requests):
-            done = self.output_processor.abort_request(rid)
-            if done is not None:
-                deliver(done[0])
+            deliver(self.output_processor.abort_request(rid)[0])
         if closing is not None:
             self._take(closing)
         kv, self.kv_events = self.kv_events, None  # the new engine's from now on

@@ -1,26 +1,14 @@
 """The engine's two ways to reach its core: in this process, or in a child of its own.
 
 vLLM's core clients (``vllm/v1/engine/core_client.py``). Both have the same calls and
-answer them the same way; the engine (``engine.llm_engine``) cannot tell them apart:
-
-- in this process, the ``EngineCore`` itself: its methods are the calls (``LLM``, the
-  lessons, the benchmarks, tests that look into the scheduler: ``engine_core``);
-- ``ProcessClient``: the core in a child of its own (``python -m
-  engine.engine_core.process``, started here; ``EngineConfig.engine_core_process``,
-  ``kvscope serve``'s default). Each call is one msgpack ``(name, args)`` over a socket
-  and one answer (``engine.engine_core.messages``); the answer also says whether the core has
-  work or events waiting, so the engine's loop asks the child nothing between steps.
-  The child is a fresh interpreter started by ``subprocess``, not multiprocessing: it
-  never re-imports the parent's ``__main__`` (a script without a main guard, Streamlit's
-  page scripts) and needs no resource tracker process. In one process every torch op gave the GIL
-  away and the engine waited to take it back from the event loop and the recorder
-  (38% of its time under the soak's hostile clients); in the child the forward holds
-  no lock anyone else wants, and this process never imports torch.
-
-A child that dies (killed, crashed) makes every later call raise ``CoreDied`` with its
-exit code; the child reads EOF and ends when this process dies. SIGINT and SIGTERM are
-ignored in the child: Ctrl-C and a service manager's stop reach the whole process
-group, and the server stops the core in order (``close``).
+answer them the same way; the engine (``engine.llm_engine``) cannot tell them apart: in
+this process the ``EngineCore`` itself is the client; ``ProcessClient`` runs it in a
+child (``python -m engine.engine_core.process``, a fresh interpreter started by
+``subprocess``: it never re-imports the parent's ``__main__`` and needs no resource
+tracker). Each call is one msgpack ``(name, args)`` over a socket and one answer
+(``engine.engine_core.messages``), which also says whether the core has work or events
+waiting. Why a process, how a dead child and a stop are handled: docs/architecture.md,
+"Two processes: the engine and its core".
 """
 
 from __future__ import annotations
@@ -57,7 +45,7 @@ class LoadStopped(RuntimeError):
 
 
 class ProcessClient:
-    """The core in a child process, reached over a socket (one command, one answer)."""
+    """The core in a child process, reached over a socket (one call, one answer)."""
 
     def __init__(self, config: EngineConfig, progress: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> None:
@@ -169,15 +157,3 @@ class ProcessClient:
         if self.alive():
             self.process.kill()
         self._wait(5.0)
-
-
-def make_client(config: EngineConfig, progress: Callable[[str], None] | None = None,
-                should_stop: Callable[[], bool] | None = None) -> EngineCore | ProcessClient:
-    """The client ``config.engine_core_process`` asks for: a child's, or the core itself,
-    built here (and so torch imported here)."""
-    if config.engine_core_process:
-        return ProcessClient(config, progress, should_stop)
-    from engine.engine_core.startup import build_engine_core
-
-    return build_engine_core(config)
-
