@@ -204,14 +204,13 @@ class LLMEngine:
 
     # ---- restart ------------------------------------------------------------
 
-    def restart(self, options: dict, limits: dict[str, int] | None = None,
-                deliver: Callable[[RequestOutput], None] = lambda out: None) -> LLMEngine:
+    def restart(self, options: dict, deliver: Callable[[RequestOutput], None] = lambda out: None) -> LLMEngine:
         """The engine ``options`` make of this one's config, on the same core and weights
         (``EngineCore.restart``; raises and leaves this engine serving when refused).
         Every request is aborted: ``deliver`` gets each final output, then the old run's
         last events are published to this engine's listeners. The KV event stream goes
         on in the new engine, after an AllBlocksCleared."""
-        closing = self.core.restart(options, limits)
+        closing = self.core.restart(options)
         config = dataclasses.replace(self.config, **options)
         for rid in list(self.output_processor.requests):
             deliver(self.output_processor.abort_request(rid)[0])

@@ -128,8 +128,8 @@ class ProcessClient:
     def stats(self) -> dict:
         return self._call("stats")
 
-    def restart(self, options: dict[str, Any], limits: dict[str, int] | None) -> CoreStep | None:
-        return self._call("restart", options, limits)  # the answer brings the new core's info
+    def restart(self, options: dict[str, Any]) -> CoreStep | None:
+        return self._call("restart", options)  # the answer brings the new core's info
 
     def alive(self) -> bool:
         return self.process.poll() is None

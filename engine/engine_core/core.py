@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from engine.core import ModelRunnerOutput, Request, RequestStatus, SchedulerOutput
 from engine.core.core_step import CoreStep, RequestFailure, StepFault
 from engine.engine_core.messages import CoreInfo, EngineCoreRequest
+from engine.engine_core.restart import RestartLimits, rebuilt
 from engine.engine_core.step_isolation import split_step
 from engine.events.folds.pool_snapshot import PoolSnapshot
 
@@ -54,6 +55,7 @@ class EngineCore:
         self.kv_bytes_per_block = kv_bytes_per_block
         self.governor = governor  # engine.cpu_threads.CoreGovernor (CPU, default thread count)
         self.info = _info(self)
+        self.restart_limits = RestartLimits.of(self.info)  # the first build's: a restart keeps them
 
     # ---- requests -----------------------------------------------------------------
 
@@ -206,15 +208,14 @@ class EngineCore:
             "num_requests_waiting": len(sched.waiting),
         }
 
-    def restart(self, options: dict[str, Any], limits: dict[str, int] | None = None) -> CoreStep | None:
-        """Become the core ``options`` make of this one's config, on the loaded weights
-        (only the pool and the scheduler change). The new core is built first: a
-        refused or failing config raises and leaves this core serving as it was. Then
-        every request is aborted and, when that left events, one last step publishes
-        them into the old run; that step is returned, and ``info`` is the new core's."""
-        from engine.engine_core.restart import rebuilt
-
-        new = rebuilt(self, options, limits)
+    def restart(self, options: dict[str, Any]) -> CoreStep | None:
+        """Become the core ``options`` make of this one's config (within ``restart_limits``),
+        on the loaded weights (only the pool and the scheduler change). The new core is
+        built first: a refused or failing config raises and leaves this core serving as
+        it was. Then every request is aborted and, when that left events, one last step
+        publishes them into the old run; that step is returned, and ``info`` is the new
+        core's."""
+        new = rebuilt(self, options)
         self.abort_requests(list(self.scheduler.requests))
         closing = self.step() if self.has_pending_events() else None
         self.config, self.scheduler, self.runner = new.config, new.scheduler, new.runner

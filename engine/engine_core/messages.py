@@ -67,7 +67,7 @@ CALLS: dict[str, tuple[Any, Any]] = {
     "reset_prefix_cache": (tuple[()], int),
     "snapshot": (tuple[bool], PoolSnapshot),
     "stats": (tuple[()], dict),
-    "restart": (tuple[dict[str, Any], dict[str, int] | None], CoreStep | None),
+    "restart": (tuple[dict[str, Any]], CoreStep | None),
 }
 
 

@@ -2,10 +2,9 @@
 
 What a client may ask for is bounded here: the keys (``protocol.ops.RESTART_KEYS``)
 are checked when the op is parsed, the values against the operator's limits
-(``RestartLimits``: what the server started with). Whether a client may restart
-at all is the front door's and the engine worker's call (``--no-client-restart``,
-the token). Runs in the core (``EngineCore.restart``); ``RestartLimits`` is plain
-data the engine worker keeps.
+(``RestartLimits``: what the core started with, kept across its restarts). Whether a
+client may restart at all is the front door's and the engine worker's call
+(``--no-client-restart``, the token). Runs in the core (``EngineCore.restart``).
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ MIN_BLOCK_SIZE = 8  # smaller blocks multiply per-block bookkeeping for no teach
 @dataclass(frozen=True, slots=True)
 class RestartLimits:
     """What a client's restart may ask for: never more than the operator started the
-    server with. Taken from the first engine (``of``), not from the one running, so
-    restarts cannot ratchet the limits up one after another."""
+    server with. The core's first build's (``EngineCore.restart_limits``), not the running
+    one's, so restarts cannot ratchet the limits up one after another."""
 
     pool_bytes: int  # the started KV pool, in bytes: a new pool may not be bigger
     num_blocks: int  # nor hold more blocks (their bookkeeping is per block, whatever their size)
@@ -43,16 +42,15 @@ class RestartLimits:
                    d["max_num_seqs"], d["max_num_batched_tokens"])
 
 
-def rebuilt(old: EngineCore, options: dict[str, Any], limits: dict[str, int] | None = None) -> EngineCore:
+def rebuilt(old: EngineCore, options: dict[str, Any]) -> EngineCore:
     """The core ``old`` becomes with ``options``; raises (KVScopeError, TypeError,
-    ValueError) and leaves ``old`` serving when they are refused. ``limits``: the
-    operator's, as ``RestartLimits`` fields (default: what ``old`` has).
+    ValueError) and leaves ``old`` serving when they are refused.
 
     Refused: a pool bigger than the operator's, in bytes or in blocks (block_size 1 made
     2M blocks and blocked the engine for 19 s), and a scheduler wider than the operator's."""
     from engine.engine_core.startup import build_engine_core
 
-    bounds = RestartLimits(**limits) if limits is not None else RestartLimits.of(old.info)
+    bounds = old.restart_limits
     cfg = dataclasses.replace(old.config, **options)
     loaded = old.loaded
     per_block = loaded.spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
