@@ -1,13 +1,11 @@
 """LLMEngine: text in, outputs out, one step at a time, over an engine core.
 
-vLLM's split (``vllm/v1/engine/llm_engine.py``): the engine tokenizes, keeps each
-request's output state (text, stop strings, logprobs, timings: the OutputProcessor),
-computes the metrics and hands every step to its listeners (the server's broadcaster,
-the recorder, the vLLM-format KV event publisher when ``kv_events_config`` enables
-one); the core (``engine.engine_core``: scheduler, runner, the fault policy) takes token
-ids and answers each step with new token ids, events and a pool summary. The core is
-reached through a client, in this process or in a child of its own
-(``EngineConfig.engine_core_process``); this module imports no torch either way.
+vLLM's split (``vllm/v1/engine/llm_engine.py``; docs/architecture.md, "Two processes: the
+engine and its core"): the engine tokenizes, keeps each request's output state (the
+OutputProcessor), computes the metrics and hands every step to its listeners; the core
+(``engine.engine_core``) takes token ids and answers each step with new token ids,
+events and a pool summary, through a client in this process or in a child of its own
+(``EngineConfig.engine_core_process``). This module imports no torch either way.
 
 Build one with ``LLMEngine.from_config(config)`` (or ``build_engine`` below for an
 in-process core on given weights). ``LLM`` wraps it for offline use.

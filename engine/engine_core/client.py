@@ -27,7 +27,6 @@ from engine.events.folds.pool_snapshot import PoolSnapshot
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.engine_core.core import EngineCore
 
 PROCESS_NAME = "engine.engine_core.process"  # in the child's command line: python -m PROCESS_NAME FD
 
@@ -58,14 +57,11 @@ class ProcessClient:
         self.process = subprocess.Popen([sys.executable, "-m", PROCESS_NAME, str(theirs.fileno())],
                                         pass_fds=(theirs.fileno(),), env={**os.environ, "PYTHONPATH": path})
         theirs.close()
+        self.pid = self.process.pid
         self._conn = Connection(ours.detach())
         self._conn.send_bytes(m.encode(config))
         self._unfinished = self._pending = False
         self.info = self._wait_ready(progress or (lambda line: None), should_stop or (lambda: False))
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
 
     def _wait_ready(self, progress: Callable[[str], None], should_stop: Callable[[], bool]) -> CoreInfo:
         while True:

@@ -2,19 +2,16 @@
 
 vLLM's ``EngineCore`` (``vllm/v1/engine/core.py``): it takes token ids and sampling
 params (``EngineCoreRequest``) and answers each step with new token ids, the step's
-events and the pool summary (``CoreStep``). It knows no text: tokenizing,
-detokenizing, stop strings, metrics and every front door are the engine's
-(``engine.llm_engine``), which reaches the core through a client
-(``engine.engine_core.client``): in this process, or in a child of its own.
+events and the pool summary (``CoreStep``); it knows no text. The engine
+(``engine.llm_engine``) reaches it through a client (``engine.engine_core.client``), in
+this process or in a child of its own. Built by ``engine.engine_core.startup.build_engine_core``.
 
-**The fault policy** lives here and only here. A forward that raises is rerun one
-request at a time (``engine.engine_core.step_isolation``), and only the requests whose
-own run raises are failed; a fault elsewhere in the step (scheduling, the update) fails
-the requests the step held. Either way the failed user requests are finished
-(``abort``) in the scheduler and named in ``CoreStep.fault``, so the engine tells
-their submitters and ends their outputs; nobody outside the core touches the
-scheduler. Built by ``engine.engine_core.startup.build_engine_core``. Writer of: the scheduler
-(and through it the KV cache manager and pool) and the runner's state.
+**The fault policy** lives here and only here (docs/architecture.md, "The event protocol
+(v2)"): a forward that raises is rerun one request at a time (``_isolate``,
+``engine.engine_core.step_isolation``), a fault elsewhere in the step fails the requests
+the step held (``_fail_held``); either way the failed user requests are finished in the
+scheduler and named in ``CoreStep.fault``. Writer of: the scheduler (and through it the
+KV cache manager and pool) and the runner's state.
 """
 
 from __future__ import annotations
