@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_STATS_FIGURES = ("kv_cache_usage", "kv_token_usage", "internal_fragmentation")  # of the pool summary
+_STATS_COUNTS = ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate", "prefix_cache_resumed_queries",
+                 "prefix_cache_resumed_hits", "num_preemptions", "num_evictions", "cow_copies")  # EventLog.counts
+
 
 class EngineCore:
     """The core; in the engine's own process it is its own client (the same calls as
@@ -183,27 +187,12 @@ class EngineCore:
     def stats(self) -> dict:
         # Counts from the one tracker every event passes (EventLog.counts), so they
         # match the per-step metrics' cumulative counters, events kept or not.
-        sched = self.scheduler
-        counts = sched.log.counts
+        sched, cache = self.scheduler, self.scheduler.cache_config
         figures = sched.pool_summary().figures()
-        cache = sched.cache_config
-        return {
-            "num_blocks": cache.num_blocks,
-            "block_size": cache.block_size,
-            "kv_cache_usage": figures["kv_cache_usage"],
-            "kv_token_usage": figures["kv_token_usage"],
-            "internal_fragmentation": figures["internal_fragmentation"],
-            "prefix_cache_queries": counts.prefix_cache_queries,
-            "prefix_cache_hits": counts.prefix_cache_hits,
-            "prefix_cache_hit_rate": counts.prefix_cache_hit_rate,
-            "prefix_cache_resumed_queries": counts.prefix_cache_resumed_queries,
-            "prefix_cache_resumed_hits": counts.prefix_cache_resumed_hits,
-            "num_preemptions": counts.num_preemptions,
-            "num_evictions": counts.num_evictions,
-            "cow_copies": counts.cow_copies,
-            "num_requests_running": len(sched.running),
-            "num_requests_waiting": len(sched.waiting),
-        }
+        return {"num_blocks": cache.num_blocks, "block_size": cache.block_size,
+                **{name: figures[name] for name in _STATS_FIGURES},
+                **{name: getattr(sched.log.counts, name) for name in _STATS_COUNTS},
+                "num_requests_running": len(sched.running), "num_requests_waiting": len(sched.waiting)}
 
     def restart(self, options: dict[str, Any]) -> CoreStep | None:
         """Become the core ``options`` make of this one's config (within ``restart_limits``),
