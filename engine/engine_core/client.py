@@ -77,9 +77,9 @@ class ProcessClient:
             except (EOFError, OSError):
                 self._wait(5.0)
                 raise CoreDied(self.exitcode) from None
-            if isinstance(msg, m.Progress):
-                progress(msg.line)
-            elif isinstance(msg, m.LoadFailed):
+            if isinstance(msg, str):
+                progress(msg)
+            elif msg.failure is not None:
                 self._wait(5.0)
                 m.raise_failure(msg.failure)
             else:

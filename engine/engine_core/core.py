@@ -121,8 +121,7 @@ class EngineCore:
         failed: dict[str, str] = {}  # user request id -> why
         unsound: set[int] = set()  # blocks a failed piece was to write
         for piece in pieces:
-            req = self.scheduler.requests.get(piece.request_id)
-            user = req.parent_id if req is not None and req.parent_id is not None else piece.request_id
+            user = self.scheduler.requests[piece.request_id].parent_id or piece.request_id  # scheduled: entered
             why = None
             if user in failed:
                 why = failed[user]  # a sample of a request that failed: it fails whole

@@ -82,30 +82,14 @@ class Answer(msgspec.Struct):
     """Every call's answer: its value (raw, decoded by the caller, who knows its type)
     or the failure, and the core's state after it (what the engine's loop asks before
     every iteration: is there work, are events waiting; the core's info when the call
-    changed it, as a restart does)."""
+    changed it, as a restart does). The core's load is answered the same way: its info,
+    or the failure; before that, each log line of the load crosses as a str."""
 
     value: msgspec.Raw  # NIL for none
     failure: Failure | None
     unfinished: bool
     pending: bool
     info: CoreInfo | None = None
-
-
-class Progress(msgspec.Struct, tag=True):
-    """A log line of the model's loading (before ``Ready``): /healthz shows it."""
-
-    line: str
-
-
-class Ready(msgspec.Struct, tag=True):
-    info: CoreInfo
-
-
-class LoadFailed(msgspec.Struct, tag=True):
-    failure: Failure
-
-
-Startup = Progress | Ready | LoadFailed
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -116,7 +100,7 @@ _step_decoder = msgspec.msgpack.Decoder(tuple[int | None, float, list[EngineCore
 _args_decoders = {name: msgspec.msgpack.Decoder(args) for name, (args, _) in CALLS.items()}
 call_decoder = msgspec.msgpack.Decoder(tuple[str, msgspec.Raw])
 answer_decoder = msgspec.msgpack.Decoder(Answer)
-startup_decoder = msgspec.msgpack.Decoder(Startup)
+startup_decoder = msgspec.msgpack.Decoder(str | Answer)  # a load's log line, then its answer
 
 
 def encode(value: Any) -> bytes:

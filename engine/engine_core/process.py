@@ -3,8 +3,9 @@
 Started by ``engine.engine_core.client.ProcessClient`` as ``python -m
 engine.engine_core.process FD`` (a fresh interpreter, so torch is imported here and never
 in the serving process; FD is its end of a socket pair, whose first message is the
-``EngineConfig``). While the model loads, each log line of the ``engine`` loggers goes to the client as ``Progress``
-(``/healthz`` shows it); then ``Ready`` with the core's info, or ``LoadFailed``. After
+``EngineConfig``). While the model loads, each log line of the ``engine`` loggers goes to
+the client (``/healthz`` shows it); then an ``Answer`` with the core's info, or the
+failure. After
 that the loop is one call in (an ``EngineCore`` method of ``messages.CALLS``), one
 ``Answer`` out, in order: the client waits for
 each answer, so the core never runs ahead of the engine and both processes see the
@@ -40,15 +41,15 @@ def run_core_process(config: Any, conn: Connection) -> None:
     set_default_wait_policy()  # before torch is imported (engine.cpu_threads)
     bound_cpu_shape_caches()  # before the model's first op (memory_hygiene)
     try:
-        with ProgressCapture(lambda line: conn.send_bytes(m.encode(m.Progress(line)))):
+        with ProgressCapture(lambda line: conn.send_bytes(m.encode(line))):
             from engine.engine_core.startup import build_engine_core
 
             core = build_engine_core(config)
     except BaseException as exc:  # any load failure is reported, never raised into a void
-        conn.send_bytes(m.encode(m.LoadFailed(m.failure_of(exc))))
+        conn.send_bytes(m.encode(m.Answer(m.NIL, m.failure_of(exc), False, False)))
         return
     freeze_heap()  # the loaded heap (torch, the model) is never garbage (memory_hygiene)
-    conn.send_bytes(m.encode(m.Ready(core.info)))
+    conn.send_bytes(m.encode(m.Answer(m.NIL, None, False, False, core.info)))
     trimmer = Trimmer()
     while True:
         try:
