@@ -170,9 +170,7 @@ class EngineCore:
     def _fail(self, step: int, detail: str, failed: dict[str, str]) -> StepFault:
         """Abort every core request of the failed user requests (a fork's or a fan-out's
         samples too); the step's fault names them (user request id -> why)."""
-        sched = self.scheduler
-        for rid in [rid for rid, r in sched.requests.items() if (r.parent_id or rid) in failed]:
-            sched.finish_request(rid, RequestStatus.FINISHED_ABORTED)
+        self.abort_requests([rid for rid, r in self.scheduler.requests.items() if (r.parent_id or rid) in failed])
         return StepFault(step, detail, [RequestFailure(u, why) for u, why in failed.items()])
 
     # ---- cache control, figures, restart ------------------------------------------
