@@ -231,11 +231,10 @@ class LLMEngine:
         return self.core.stats()
 
 
-def build_engine(cfg: EngineConfig, loaded=None, kv_events=None) -> LLMEngine:
+def build_engine(cfg: EngineConfig, loaded=None) -> LLMEngine:
     """An engine over a core in this process (on ``loaded`` weights when given: lessons
-    and benchmarks build many engines on one model; ``kv_events``: a running publisher
-    to take over). ``cfg.engine_core_process`` is not consulted: this core is here, and
-    so is torch (``engine.engine_core.startup``)."""
+    and benchmarks build many engines on one model). ``cfg.engine_core_process`` is not
+    consulted: this core is here, and so is torch (``engine.engine_core.startup``)."""
     from engine.engine_core.startup import build_engine_core
 
-    return LLMEngine(cfg, build_engine_core(cfg, loaded), kv_events)
+    return LLMEngine(cfg, build_engine_core(cfg, loaded))

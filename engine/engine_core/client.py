@@ -118,8 +118,8 @@ class ProcessClient:
     def reset_prefix_cache(self) -> int:
         return self._call("reset_prefix_cache")
 
-    def snapshot(self, tokens: bool = True) -> PoolSnapshot:
-        return self._call("snapshot", tokens)
+    def snapshot(self) -> PoolSnapshot:
+        return self._call("snapshot")
 
     def stats(self) -> dict:
         return self._call("stats")

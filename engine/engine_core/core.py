@@ -178,8 +178,8 @@ class EngineCore:
     def reset_prefix_cache(self) -> int:
         return self.scheduler.kv.reset_prefix_cache()
 
-    def snapshot(self, tokens: bool = True) -> PoolSnapshot:
-        return self.scheduler.snapshot(tokens)
+    def snapshot(self) -> PoolSnapshot:
+        return self.scheduler.snapshot()
 
     def stats(self) -> dict:
         # Counts from the one tracker every event passes (EventLog.counts), so they

@@ -65,7 +65,7 @@ CALLS: dict[str, tuple[Any, Any]] = {
     "abort_requests": (tuple[list[str]], None),
     "step": (tuple[list[str], bool], CoreStep),  # stop ids matched last step; is a pool summary wanted
     "reset_prefix_cache": (tuple[()], int),
-    "snapshot": (tuple[bool], PoolSnapshot),
+    "snapshot": (tuple[()], PoolSnapshot),
     "stats": (tuple[()], dict),
     "restart": (tuple[dict[str, Any]], CoreStep | None),
 }
