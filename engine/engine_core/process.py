@@ -58,7 +58,8 @@ def run_core_process(config: Any, conn: Connection) -> None:
             return
         value, failure, info = m.NIL, None, core.info
         try:
-            value = msgspec.Raw(m.encode(getattr(core, name)(*m.decode_args(name, args))))
+            args = m.decode_args(name, args)  # first: it refuses a name CALLS does not list
+            value = msgspec.Raw(m.encode(getattr(core, name)(*args)))
         except Exception as exc:
             log.debug("engine core: %s raised", name, exc_info=exc)
             failure = m.failure_of(exc)

@@ -10,6 +10,8 @@ step: ~5 KB at token 1,000).
 
 from __future__ import annotations
 
+import pytest
+
 from engine.config import EngineConfig
 from engine.core import SamplingParams
 from engine.core.core_step import CoreStep
@@ -67,6 +69,13 @@ def test_every_step_crosses_the_wire_as_it_was(tiny_llama):
     assert len(eng.core.steps) > 10
     for step in eng.core.steps:
         assert m.decode(m.encode(step), CoreStep) == step
+
+
+def test_a_call_crosses_as_its_name_and_typed_args():
+    name, args = m.call_decoder.decode(m.encode(("step", (["a"], True))))
+    assert (name, m.decode_args(name, args)) == ("step", (["a"], True))
+    with pytest.raises(TypeError, match="no call 'close'"):  # only what CALLS lists is answered
+        m.decode_args("close", m.encode(()))
 
 
 class _Recording:
