@@ -1,13 +1,11 @@
 """LLMEngine: text in, outputs out, one step at a time, over an engine core.
 
-vLLM's split (``vllm/v1/engine/llm_engine.py``): the engine tokenizes, keeps each
-request's output state (text, stop strings, logprobs, timings: the OutputProcessor),
-computes the metrics and hands every step to its listeners (the server's broadcaster,
-the recorder, the vLLM-format KV event publisher when ``kv_events_config`` enables
-one); the core (``engine.engine_core``: scheduler, runner, the fault policy) takes token
-ids and answers each step with new token ids, events and a pool summary. The core is
-reached through a client, in this process or in a child of its own
-(``EngineConfig.engine_core_process``); this module imports no torch either way.
+vLLM's split (``vllm/v1/engine/llm_engine.py``; docs/architecture.md, "Two processes: the
+engine and its core"): the engine tokenizes, keeps each request's output state (the
+OutputProcessor), computes the metrics and hands every step to its listeners; the core
+(``engine.engine_core``) takes token ids and answers each step with new token ids,
+events and a pool summary, through a client in this process or in a child of its own
+(``EngineConfig.engine_core_process``). This module imports no torch either way.
 
 Build one with ``LLMEngine.from_config(config)`` (or ``build_engine`` below for an
 in-process core on given weights). ``LLM`` wraps it for offline use.
@@ -25,7 +23,7 @@ from collections.abc import Callable
 from engine.config import EngineConfig
 from engine.core import SamplingParams
 from engine.core.ids import check_request_id
-from engine.engine_core.client import ProcessClient, make_client
+from engine.engine_core.client import ProcessClient
 from engine.engine_core.core import EngineCore
 from engine.core.core_step import CoreStep, StepFault
 from engine.engine_core.messages import CoreInfo, EngineCoreRequest
@@ -55,9 +53,9 @@ class LLMEngine:
         self.info: CoreInfo = core.info
         self.tokenizer = tokenizer or Tokenizer(self.info.weights_dir)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.metrics = MetricsTracker(MetricsConfig(
-            block_size=self.info.block_size, num_blocks=self.info.num_blocks,
-            max_num_batched_tokens=self.info.max_num_batched_tokens))
+        d = self.info.describe
+        self.metrics = MetricsTracker(MetricsConfig(block_size=d["block_size"], num_blocks=d["num_blocks"],
+                                                    max_num_batched_tokens=d["max_num_batched_tokens"]))
         self.step_listeners: list[StepListener] = []
         self._rng = random.Random(config.seed)  # seeds of requests that bring none
         self._ids = itertools.count()
@@ -80,7 +78,9 @@ class LLMEngine:
         """Start the core ``config`` asks for (``engine_core_process``) and an engine over
         it. ``progress``/``should_stop``: for a core in its own process, its load's log
         lines and a way to give the load up (``engine.engine_core.client``)."""
-        return cls(config, make_client(config, progress, should_stop))
+        if config.engine_core_process:
+            return cls(config, ProcessClient(config, progress, should_stop))
+        return build_engine(config)  # the core here, and so torch
 
     def close(self) -> None:
         """Stop what runs beside the engine: the KV event publisher (queued batches go
@@ -105,7 +105,7 @@ class LLMEngine:
 
     @property
     def max_model_len(self) -> int:
-        return self.info.max_model_len
+        return self.info.describe["max_model_len"]
 
     def describe(self) -> dict:
         """The engine's effective config (derived values filled in), JSON-able."""
@@ -202,19 +202,16 @@ class LLMEngine:
 
     # ---- restart ------------------------------------------------------------
 
-    def restart(self, options: dict, limits: dict[str, int] | None = None,
-                deliver: Callable[[RequestOutput], None] = lambda out: None) -> LLMEngine:
+    def restart(self, options: dict, deliver: Callable[[RequestOutput], None] = lambda out: None) -> LLMEngine:
         """The engine ``options`` make of this one's config, on the same core and weights
         (``EngineCore.restart``; raises and leaves this engine serving when refused).
         Every request is aborted: ``deliver`` gets each final output, then the old run's
         last events are published to this engine's listeners. The KV event stream goes
         on in the new engine, after an AllBlocksCleared."""
-        closing = self.core.restart(options, limits)
+        closing = self.core.restart(options)
         config = dataclasses.replace(self.config, **options)
         for rid in list(self.output_processor.requests):
-            done = self.output_processor.abort_request(rid)
-            if done is not None:
-                deliver(done[0])
+            deliver(self.output_processor.abort_request(rid)[0])
         if closing is not None:
             self._take(closing)
         kv, self.kv_events = self.kv_events, None  # the new engine's from now on
@@ -234,11 +231,10 @@ class LLMEngine:
         return self.core.stats()
 
 
-def build_engine(cfg: EngineConfig, loaded=None, kv_events=None) -> LLMEngine:
+def build_engine(cfg: EngineConfig, loaded=None) -> LLMEngine:
     """An engine over a core in this process (on ``loaded`` weights when given: lessons
-    and benchmarks build many engines on one model; ``kv_events``: a running publisher
-    to take over). ``cfg.engine_core_process`` is not consulted: this core is here, and
-    so is torch (``engine.engine_core.startup``)."""
+    and benchmarks build many engines on one model). ``cfg.engine_core_process`` is not
+    consulted: this core is here, and so is torch (``engine.engine_core.startup``)."""
     from engine.engine_core.startup import build_engine_core
 
-    return LLMEngine(cfg, build_engine_core(cfg, loaded), kv_events)
+    return LLMEngine(cfg, build_engine_core(cfg, loaded))

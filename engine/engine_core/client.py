@@ -1,26 +1,14 @@
 """The engine's two ways to reach its core: in this process, or in a child of its own.
 
 vLLM's core clients (``vllm/v1/engine/core_client.py``). Both have the same calls and
-answer them the same way; the engine (``engine.llm_engine``) cannot tell them apart:
-
-- in this process, the ``EngineCore`` itself: its methods are the calls (``LLM``, the
-  lessons, the benchmarks, tests that look into the scheduler: ``engine_core``);
-- ``ProcessClient``: the core in a child of its own (``python -m
-  engine.engine_core.process``, started here; ``EngineConfig.engine_core_process``,
-  ``kvscope serve``'s default). Each call is one msgpack command over a socket and one
-  answer (``engine.engine_core.messages``); the answer also says whether the core has
-  work or events waiting, so the engine's loop asks the child nothing between steps.
-  The child is a fresh interpreter started by ``subprocess``, not multiprocessing: it
-  never re-imports the parent's ``__main__`` (a script without a main guard, Streamlit's
-  page scripts) and needs no resource tracker process. In one process every torch op gave the GIL
-  away and the engine waited to take it back from the event loop and the recorder
-  (38% of its time under the soak's hostile clients); in the child the forward holds
-  no lock anyone else wants, and this process never imports torch.
-
-A child that dies (killed, crashed) makes every later call raise ``CoreDied`` with its
-exit code; the child reads EOF and ends when this process dies. SIGINT and SIGTERM are
-ignored in the child: Ctrl-C and a service manager's stop reach the whole process
-group, and the server stops the core in order (``close``).
+answer them the same way; the engine (``engine.llm_engine``) cannot tell them apart: in
+this process the ``EngineCore`` itself is the client; ``ProcessClient`` runs it in a
+child (``python -m engine.engine_core.process``, a fresh interpreter started by
+``subprocess``: it never re-imports the parent's ``__main__`` and needs no resource
+tracker). Each call is one msgpack ``(name, args)`` over a socket and one answer
+(``engine.engine_core.messages``), which also says whether the core has work or events
+waiting. Why a process, how a dead child and a stop are handled: docs/architecture.md,
+"Two processes: the engine and its core".
 """
 
 from __future__ import annotations
@@ -33,15 +21,12 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from engine.engine_core import messages as m
 from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
 from engine.events.folds.pool_snapshot import PoolSnapshot
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.engine_core.core import EngineCore
 
 PROCESS_NAME = "engine.engine_core.process"  # in the child's command line: python -m PROCESS_NAME FD
 
@@ -59,7 +44,7 @@ class LoadStopped(RuntimeError):
 
 
 class ProcessClient:
-    """The core in a child process, reached over a socket (one command, one answer)."""
+    """The core in a child process, reached over a socket (one call, one answer)."""
 
     def __init__(self, config: EngineConfig, progress: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> None:
@@ -72,14 +57,11 @@ class ProcessClient:
         self.process = subprocess.Popen([sys.executable, "-m", PROCESS_NAME, str(theirs.fileno())],
                                         pass_fds=(theirs.fileno(),), env={**os.environ, "PYTHONPATH": path})
         theirs.close()
+        self.pid = self.process.pid
         self._conn = Connection(ours.detach())
         self._conn.send_bytes(m.encode(config))
         self._unfinished = self._pending = False
         self.info = self._wait_ready(progress or (lambda line: None), should_stop or (lambda: False))
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
 
     def _wait_ready(self, progress: Callable[[str], None], should_stop: Callable[[], bool]) -> CoreInfo:
         while True:
@@ -95,34 +77,37 @@ class ProcessClient:
             except (EOFError, OSError):
                 self._wait(5.0)
                 raise CoreDied(self.exitcode) from None
-            if isinstance(msg, m.Progress):
-                progress(msg.line)
-            elif isinstance(msg, m.LoadFailed):
+            if isinstance(msg, str):
+                progress(msg)
+            elif msg.failure is not None:
                 self._wait(5.0)
                 m.raise_failure(msg.failure)
             else:
                 return msg.info
 
-    def _call(self, command: msgspec.Struct) -> msgspec.Raw:
+    def _call(self, name: str, *args: Any) -> Any:
+        """Call the core's method ``name`` (``messages.CALLS``) and wait for its answer."""
         try:
-            self._conn.send_bytes(m.encode(command))
+            self._conn.send_bytes(m.encode((name, args)))
             answer = m.answer_decoder.decode(self._conn.recv_bytes())
         except (EOFError, OSError):
             self._wait(1.0)
             raise CoreDied(self.exitcode) from None
         self._unfinished, self._pending = answer.unfinished, answer.pending
+        if answer.info is not None:
+            self.info = answer.info
         if answer.failure is not None:
             m.raise_failure(answer.failure)
-        return answer.value
+        return m.decode(answer.value, m.CALLS[name][1])
 
     def add_request(self, request: EngineCoreRequest) -> list[str]:
-        return m.decode(self._call(m.AddRequestCall(request)), list[str])
+        return self._call("add_request", request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        self._call(m.AbortRequestsCall(request_ids))
+        self._call("abort_requests", request_ids)
 
     def step(self, stop_ids: list[str], summary: bool) -> CoreStep:
-        return m.decode_step(self._call(m.StepCall(stop_ids, summary)))
+        return self._call("step", stop_ids, summary)
 
     def has_unfinished_requests(self) -> bool:
         return self._unfinished
@@ -131,18 +116,16 @@ class ProcessClient:
         return self._pending
 
     def reset_prefix_cache(self) -> int:
-        return m.decode(self._call(m.ResetPrefixCacheCall()), int)
+        return self._call("reset_prefix_cache")
 
-    def snapshot(self, tokens: bool = True) -> PoolSnapshot:
-        return PoolSnapshot.from_dict(m.decode(self._call(m.SnapshotCall(tokens)), dict))
+    def snapshot(self) -> PoolSnapshot:
+        return self._call("snapshot")
 
     def stats(self) -> dict:
-        return m.decode(self._call(m.StatsCall()), dict)
+        return self._call("stats")
 
-    def restart(self, options: dict[str, Any], limits: dict[str, int] | None) -> CoreStep | None:
-        done = m.decode(self._call(m.RestartCall(options, limits)), m.Restarted)
-        self.info = done.info
-        return None if done.closing == m.NIL else m.decode_step(done.closing)
+    def restart(self, options: dict[str, Any]) -> CoreStep | None:
+        return self._call("restart", options)  # the answer brings the new core's info
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -159,29 +142,14 @@ class ProcessClient:
             pass
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the child in order (it answers nothing more), or kill it after ``timeout``."""
+        """Stop the child in order (our end closes: it reads EOF and ends), or kill it after
+        ``timeout``."""
+        self._conn.close()
         if self.alive():
-            try:
-                self._conn.send_bytes(m.encode(m.ShutdownCall()))
-            except OSError:
-                pass
             self._wait(timeout)
         self.kill()
-        self._conn.close()
 
     def kill(self) -> None:
         if self.alive():
             self.process.kill()
         self._wait(5.0)
-
-
-def make_client(config: EngineConfig, progress: Callable[[str], None] | None = None,
-                should_stop: Callable[[], bool] | None = None) -> EngineCore | ProcessClient:
-    """The client ``config.engine_core_process`` asks for: a child's, or the core itself,
-    built here (and so torch imported here)."""
-    if config.engine_core_process:
-        return ProcessClient(config, progress, should_stop)
-    from engine.engine_core.startup import build_engine_core
-
-    return build_engine_core(config)
-

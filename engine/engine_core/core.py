@@ -2,19 +2,16 @@
 
 vLLM's ``EngineCore`` (``vllm/v1/engine/core.py``): it takes token ids and sampling
 params (``EngineCoreRequest``) and answers each step with new token ids, the step's
-events and the pool summary (``CoreStep``). It knows no text: tokenizing,
-detokenizing, stop strings, metrics and every front door are the engine's
-(``engine.llm_engine``), which reaches the core through a client
-(``engine.engine_core.client``): in this process, or in a child of its own.
+events and the pool summary (``CoreStep``); it knows no text. The engine
+(``engine.llm_engine``) reaches it through a client (``engine.engine_core.client``), in
+this process or in a child of its own. Built by ``engine.engine_core.startup.build_engine_core``.
 
-**The fault policy** lives here and only here. A forward that raises is rerun one
-request at a time (``engine.engine_core.step_isolation``), and only the requests whose
-own run raises are failed; a fault elsewhere in the step (scheduling, the update) fails
-the requests the step held. Either way the failed user requests are finished
-(``abort``) in the scheduler and named in ``CoreStep.fault``, so the engine tells
-their submitters and ends their outputs; nobody outside the core touches the
-scheduler. Built by ``engine.engine_core.startup.build_engine_core``. Writer of: the scheduler
-(and through it the KV cache manager and pool) and the runner's state.
+**The fault policy** lives here and only here (docs/architecture.md, "The event protocol
+(v2)"): a forward that raises is rerun one request at a time (``_isolate``,
+``engine.engine_core.step_isolation``), a fault elsewhere in the step fails the requests
+the step held (``_fail_held``); either way the failed user requests are finished in the
+scheduler and named in ``CoreStep.fault``. Writer of: the scheduler (and through it the
+KV cache manager and pool) and the runner's state.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from engine.core import ModelRunnerOutput, Request, RequestStatus, SchedulerOutput
 from engine.core.core_step import CoreStep, RequestFailure, StepFault
 from engine.engine_core.messages import CoreInfo, EngineCoreRequest
+from engine.engine_core.restart import RestartLimits, rebuilt
 from engine.engine_core.step_isolation import split_step
 from engine.events.folds.pool_snapshot import PoolSnapshot
 
@@ -37,6 +35,10 @@ if TYPE_CHECKING:
     from engine.model.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+_STATS_FIGURES = ("kv_cache_usage", "kv_token_usage", "internal_fragmentation")  # of the pool summary
+_STATS_COUNTS = ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate", "prefix_cache_resumed_queries",
+                 "prefix_cache_resumed_hits", "num_preemptions", "num_evictions", "cow_copies")  # EventLog.counts
 
 
 class EngineCore:
@@ -54,6 +56,7 @@ class EngineCore:
         self.kv_bytes_per_block = kv_bytes_per_block
         self.governor = governor  # engine.cpu_threads.CoreGovernor (CPU, default thread count)
         self.info = _info(self)
+        self.restart_limits = RestartLimits.of(self.info)  # the first build's: a restart keeps them
 
     # ---- requests -----------------------------------------------------------------
 
@@ -100,14 +103,11 @@ class EngineCore:
     def _execute(self, out: SchedulerOutput) -> tuple[ModelRunnerOutput, StepFault | None]:
         try:
             return self.runner.execute(out), None
-        except Exception as exc:
+        except BaseException as exc:
             self.scheduler.kv.uncache_uncomputed()  # blocks hashed for K/V this forward never wrote
-            if out.is_empty:  # only copies ran: no request to blame
+            if out.is_empty or not isinstance(exc, Exception):  # only copies ran: no request to blame
                 raise
             return self._isolate(out, exc)
-        except BaseException:
-            self.scheduler.kv.uncache_uncomputed()
-            raise
 
     def _isolate(self, out: SchedulerOutput, exc: Exception) -> tuple[ModelRunnerOutput, StepFault]:
         """Run the failed step's requests one at a time; fail those that raise alone (or
@@ -120,8 +120,8 @@ class EngineCore:
         prompt_logprobs: dict = {}
         failed: dict[str, str] = {}  # user request id -> why
         unsound: set[int] = set()  # blocks a failed piece was to write
-        users = [self._user_request_id(piece.request_id) for piece in pieces]
-        for piece, user in zip(pieces, users):
+        for piece in pieces:
+            user = self.scheduler.requests[piece.request_id].parent_id or piece.request_id  # scheduled: entered
             why = None
             if user in failed:
                 why = failed[user]  # a sample of a request that failed: it fails whole
@@ -139,11 +139,9 @@ class EngineCore:
             if why is not None:
                 failed.setdefault(user, why)
                 unsound |= piece.writes
-        self._finish_users(failed)
         if not failed:
             logger.warning("engine step %d: every request ran alone; none failed", out.step)
-        return ModelRunnerOutput(sampled, prompt_logprobs), StepFault(out.step, detail, [RequestFailure(u, w)
-                                                                      for u, w in failed.items()])
+        return ModelRunnerOutput(sampled, prompt_logprobs), self._fail(out.step, detail, failed)
 
     def _fail_held(self, exc: Exception) -> StepFault:
         """A step raised outside its forward: fail the requests it held, so the next step
@@ -164,65 +162,43 @@ class EngineCore:
             raise exc
         sched.kv.uncache_uncomputed()  # idempotent: a fault after the forward finds nothing to undo
         detail = f"{type(exc).__name__}: {exc}"
-        users = list(dict.fromkeys(r.parent_id or r.request_id for r in held))  # a fork's samples: one
-        logger.error("engine step failed (%s); failing its %d request(s) %s", detail, len(users),
-                     users[:8], exc_info=exc)
-        self._finish_users(dict.fromkeys(users, detail))
-        return StepFault(sched.step, detail, [RequestFailure(u, detail) for u in users])
+        failed = dict.fromkeys((r.parent_id or r.request_id for r in held), detail)  # a fork's samples: one
+        logger.error("engine step failed (%s); failing its %d request(s) %s", detail, len(failed),
+                     list(failed)[:8], exc_info=exc)
+        return self._fail(sched.step, detail, failed)
 
-    def _finish_users(self, users: dict[str, str]) -> None:
-        """Abort every core request of these user requests (a fork's or a fan-out's samples too)."""
-        sched = self.scheduler
-        doomed = [rid for rid, r in sched.requests.items() if (r.parent_id or rid) in users]
-        for rid in doomed:
-            sched.finish_request(rid, RequestStatus.FINISHED_ABORTED)
-
-    def _user_request_id(self, core_id: str) -> str:
-        req = self.scheduler.requests.get(core_id)
-        return req.parent_id if req is not None and req.parent_id is not None else core_id
+    def _fail(self, step: int, detail: str, failed: dict[str, str]) -> StepFault:
+        """Abort every core request of the failed user requests (a fork's or a fan-out's
+        samples too); the step's fault names them (user request id -> why)."""
+        self.abort_requests([rid for rid, r in self.scheduler.requests.items() if (r.parent_id or rid) in failed])
+        return StepFault(step, detail, [RequestFailure(u, why) for u, why in failed.items()])
 
     # ---- cache control, figures, restart ------------------------------------------
 
     def reset_prefix_cache(self) -> int:
         return self.scheduler.kv.reset_prefix_cache()
 
-    def snapshot(self, tokens: bool = True) -> PoolSnapshot:
-        return self.scheduler.snapshot(tokens)
+    def snapshot(self) -> PoolSnapshot:
+        return self.scheduler.snapshot()
 
     def stats(self) -> dict:
         # Counts from the one tracker every event passes (EventLog.counts), so they
         # match the per-step metrics' cumulative counters, events kept or not.
-        sched = self.scheduler
-        counts = sched.log.counts
+        sched, cache = self.scheduler, self.scheduler.cache_config
         figures = sched.pool_summary().figures()
-        cache = sched.cache_config
-        return {
-            "num_blocks": cache.num_blocks,
-            "block_size": cache.block_size,
-            "kv_cache_usage": figures["kv_cache_usage"],
-            "kv_token_usage": figures["kv_token_usage"],
-            "internal_fragmentation": figures["internal_fragmentation"],
-            "prefix_cache_queries": counts.prefix_cache_queries,
-            "prefix_cache_hits": counts.prefix_cache_hits,
-            "prefix_cache_hit_rate": counts.prefix_cache_hit_rate,
-            "prefix_cache_resumed_queries": counts.prefix_cache_resumed_queries,
-            "prefix_cache_resumed_hits": counts.prefix_cache_resumed_hits,
-            "num_preemptions": counts.num_preemptions,
-            "num_evictions": counts.num_evictions,
-            "cow_copies": counts.cow_copies,
-            "num_requests_running": len(sched.running),
-            "num_requests_waiting": len(sched.waiting),
-        }
+        return {"num_blocks": cache.num_blocks, "block_size": cache.block_size,
+                **{name: figures[name] for name in _STATS_FIGURES},
+                **{name: getattr(sched.log.counts, name) for name in _STATS_COUNTS},
+                "num_requests_running": len(sched.running), "num_requests_waiting": len(sched.waiting)}
 
-    def restart(self, options: dict[str, Any], limits: dict[str, int] | None = None) -> CoreStep | None:
-        """Become the core ``options`` make of this one's config, on the loaded weights
-        (only the pool and the scheduler change). The new core is built first: a
-        refused or failing config raises and leaves this core serving as it was. Then
-        every request is aborted and, when that left events, one last step publishes
-        them into the old run; that step is returned, and ``info`` is the new core's."""
-        from engine.engine_core.restart import rebuilt
-
-        new = rebuilt(self, options, limits)
+    def restart(self, options: dict[str, Any]) -> CoreStep | None:
+        """Become the core ``options`` make of this one's config (within ``restart_limits``),
+        on the loaded weights (only the pool and the scheduler change). The new core is
+        built first: a refused or failing config raises and leaves this core serving as
+        it was. Then every request is aborted and, when that left events, one last step
+        publishes them into the old run; that step is returned, and ``info`` is the new
+        core's."""
+        new = rebuilt(self, options)
         self.abort_requests(list(self.scheduler.requests))
         closing = self.step() if self.has_pending_events() else None
         self.config, self.scheduler, self.runner = new.config, new.scheduler, new.runner
@@ -237,19 +213,17 @@ class EngineCore:
 
 
 def _info(core: EngineCore) -> CoreInfo:
-    loaded, cache, sched, per_block = core.loaded, core.scheduler.cache_config, core.scheduler.config, \
-        core.kv_bytes_per_block
+    loaded, cache, sched = core.loaded, core.scheduler.cache_config, core.scheduler.config
     spec = loaded.spec
     d = core.config.to_dict()
     d.update(
         model_name=spec.name, architecture=spec.architecture, device=str(loaded.device),
         dtype=str(loaded.dtype).replace("torch.", ""), attention_backend=core.runner.backend.name,
         block_size=cache.block_size, num_blocks=cache.num_blocks, max_model_len=sched.max_model_len,
-        max_num_batched_tokens=sched.max_num_batched_tokens, kv_bytes_per_block=per_block,
+        max_num_batched_tokens=sched.max_num_batched_tokens, kv_bytes_per_block=core.kv_bytes_per_block,
         tokenizer_file=_tokenizer_file(loaded.weights_dir),
     )
-    return CoreInfo(d, str(loaded.weights_dir), spec.vocab_size, sched.max_model_len, cache.num_blocks,
-                    cache.block_size, sched.max_num_seqs, sched.max_num_batched_tokens, per_block)
+    return CoreInfo(d, str(loaded.weights_dir), spec.vocab_size)
 
 
 def _tokenizer_file(weights_dir) -> str | None:

@@ -8,7 +8,7 @@ is what the step did, so a message grows with the step's new tokens and blocks, 
 with how long a request has run (tests/engine/test_engine_core.py holds that).
 
 The in-process client hands these values over as they are; the process client sends
-them as msgspec msgpack (``encode`` / ``decode_*`` below). Events are frozen
+them as msgspec msgpack (``encode`` / ``decode`` below). Events are frozen
 dataclasses of ``engine.events.schema.types``, one type per tag, so each crosses as
 ``(type, fields)`` and is decoded into its own class. Torch-free: the serving process
 imports this module.
@@ -27,6 +27,7 @@ from engine.core.errors import (
     QueueFullError, SamplingParamsError,
 )
 from engine.core.sampling_params import SamplingParams
+from engine.events.folds.pool_snapshot import PoolSnapshot
 from engine.events.metrics.pool_summary import PoolSummary
 from engine.events.schema.types import EVENT_TYPES
 
@@ -46,143 +47,86 @@ class EngineCoreRequest:
 @dataclass(frozen=True, slots=True)
 class CoreInfo:
     """What the core tells the engine once it is built (and again after a restart): the
-    effective config (``describe``: JSON-able, derived values filled in) and the facts
-    the serving side needs without the model (where the tokenizer is, the limits)."""
+    effective config (``describe``: JSON-able, derived values filled in: ``block_size``,
+    ``num_blocks``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``kv_bytes_per_block``) and what the serving side needs without the model."""
 
     describe: dict[str, Any]
-    weights_dir: str
+    weights_dir: str  # where the tokenizer is
     vocab_size: int
-    max_model_len: int
-    num_blocks: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    kv_bytes_per_block: int
 
 
-# ---- commands (engine -> core process) ----------------------------------------------
+# ---- calls (engine -> core process) and their answers ----------------------------------
 
-
-class AddRequestCall(msgspec.Struct, tag=True):
-    request: EngineCoreRequest
-
-
-class AbortRequestsCall(msgspec.Struct, tag=True):
-    request_ids: list[str]
-
-
-class StepCall(msgspec.Struct, tag=True):
-    stop_ids: list[str]  # stop strings the output processor matched last step
-    summary: bool  # is a pool summary wanted (someone reads the metrics)
-
-
-class ResetPrefixCacheCall(msgspec.Struct, tag=True):
-    pass
-
-
-class SnapshotCall(msgspec.Struct, tag=True):
-    tokens: bool = True
-
-
-class StatsCall(msgspec.Struct, tag=True):
-    pass
-
-
-class RestartCall(msgspec.Struct, tag=True):
-    options: dict[str, Any]
-    limits: dict[str, int] | None
-
-
-class ShutdownCall(msgspec.Struct, tag=True):
-    pass
-
-
-Command = (AddRequestCall | AbortRequestsCall | StepCall | ResetPrefixCacheCall | SnapshotCall | StatsCall
-           | RestartCall | ShutdownCall)
-
-
-# ---- answers (core process -> engine) -----------------------------------------------
+# The calls a core in its own process answers: ``EngineCore``'s methods of these names,
+# with their arguments' types and their answer's. A call crosses as ``(name, args)``.
+CALLS: dict[str, tuple[Any, Any]] = {
+    "add_request": (tuple[EngineCoreRequest], list[str]),
+    "abort_requests": (tuple[list[str]], None),
+    "step": (tuple[list[str], bool], CoreStep),  # stop ids matched last step; is a pool summary wanted
+    "reset_prefix_cache": (tuple[()], int),
+    "snapshot": (tuple[()], PoolSnapshot),
+    "stats": (tuple[()], dict),
+    "restart": (tuple[dict[str, Any]], CoreStep | None),
+}
 
 
 class Failure(msgspec.Struct):
-    """An exception the core raised for a command; raised again on the engine's side."""
+    """An exception the core raised for a call; raised again on the engine's side."""
 
     kind: str
     message: str
 
 
 class Answer(msgspec.Struct):
-    """Every command's answer: its value (raw, decoded by the caller, who knows its
-    type) or the failure, and the core's state after it (what the engine's loop asks
-    before every iteration: is there work, are events waiting)."""
+    """Every call's answer: its value (raw, decoded by the caller, who knows its type)
+    or the failure, and the core's state after it (what the engine's loop asks before
+    every iteration: is there work, are events waiting; the core's info when the call
+    changed it, as a restart does). The core's load is answered the same way: its info,
+    or the failure; before that, each log line of the load crosses as a str."""
 
     value: msgspec.Raw  # NIL for none
     failure: Failure | None
     unfinished: bool
     pending: bool
-
-
-class Restarted(msgspec.Struct):
-    """A restart's answer: the old run's last step (None: nothing to publish) and the
-    new core's info."""
-
-    closing: msgspec.Raw  # a CoreStep, or NIL
-    info: CoreInfo
-
-
-class Progress(msgspec.Struct, tag=True):
-    """A log line of the model's loading (before ``Ready``): /healthz shows it."""
-
-    line: str
-
-
-class Ready(msgspec.Struct, tag=True):
-    info: CoreInfo
-
-
-class LoadFailed(msgspec.Struct, tag=True):
-    failure: Failure
-
-
-Startup = Progress | Ready | LoadFailed
-
-
-class _WireStep(msgspec.Struct, array_like=True):
-    step: int | None
-    scheduled_at: float
-    outputs: list[EngineCoreOutput]
-    events: list[tuple[str, msgspec.Raw]]
-    summary: PoolSummary | None
-    fault: StepFault | None
+    info: CoreInfo | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
 NIL = msgspec.Raw(_encoder.encode(None))  # msgpack's nil: a Raw field's "nothing" (Raw | None cannot decode)
 _event_decoders = {tag: msgspec.msgpack.Decoder(cls) for tag, cls in EVENT_TYPES.items()}
-_step_decoder = msgspec.msgpack.Decoder(_WireStep)
-command_decoder = msgspec.msgpack.Decoder(Command)
+_step_decoder = msgspec.msgpack.Decoder(tuple[int | None, float, list[EngineCoreOutput], list[tuple[str, msgspec.Raw]],
+                                              PoolSummary | None, StepFault | None])
+_args_decoders = {name: msgspec.msgpack.Decoder(args) for name, (args, _) in CALLS.items()}
+call_decoder = msgspec.msgpack.Decoder(tuple[str, msgspec.Raw])
 answer_decoder = msgspec.msgpack.Decoder(Answer)
-startup_decoder = msgspec.msgpack.Decoder(Startup)
+startup_decoder = msgspec.msgpack.Decoder(str | Answer)  # a load's log line, then its answer
 
 
 def encode(value: Any) -> bytes:
+    """msgpack of ``value``; a ``CoreStep``'s events cross as ``(type, fields)``."""
+    if isinstance(value, CoreStep):
+        value = (value.step, value.scheduled_at, value.outputs, [(e.type, e) for e in value.events],
+                 value.summary, value.fault)
     return _encoder.encode(value)
 
 
-def encode_step(s: CoreStep) -> msgspec.Raw:
-    events = [(e.type, msgspec.Raw(_encoder.encode(e))) for e in s.events]
-    return msgspec.Raw(_encoder.encode(_WireStep(s.step, s.scheduled_at, s.outputs, events,
-                                                 s.summary, s.fault)))
-
-
-def decode_step(raw: bytes) -> CoreStep:
-    w = _step_decoder.decode(raw)
-    events = [_event_decoders[tag].decode(body) for tag, body in w.events]
-    return CoreStep(w.step, w.scheduled_at, w.outputs, events, w.summary, w.fault)
-
-
 def decode(raw: bytes, type: Any) -> Any:
-    return msgspec.msgpack.decode(raw, type=type)
+    """``encode``'s inverse, for a value of ``type`` (NIL: None)."""
+    if raw == NIL:
+        return None
+    if type not in (CoreStep, CoreStep | None):
+        return msgspec.msgpack.decode(raw, type=type)
+    step, scheduled_at, outputs, events, summary, fault = _step_decoder.decode(raw)
+    return CoreStep(step, scheduled_at, outputs, [_event_decoders[tag].decode(body) for tag, body in events],
+                    summary, fault)
+
+
+def decode_args(name: str, args: bytes) -> tuple:
+    """A call's arguments, typed by ``CALLS``; TypeError for a call the core does not answer."""
+    if name not in _args_decoders:
+        raise TypeError(f"the engine core has no call {name!r}")
+    return _args_decoders[name].decode(args)
 
 
 # ---- failures ------------------------------------------------------------------------

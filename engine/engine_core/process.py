@@ -1,11 +1,13 @@
-"""The engine core's own process: build the core, then answer commands until told to stop.
+"""The engine core's own process: build the core, then answer calls until the engine closes.
 
 Started by ``engine.engine_core.client.ProcessClient`` as ``python -m
 engine.engine_core.process FD`` (a fresh interpreter, so torch is imported here and never
 in the serving process; FD is its end of a socket pair, whose first message is the
-``EngineConfig``). While the model loads, each log line of the ``engine`` loggers goes to the client as ``Progress``
-(``/healthz`` shows it); then ``Ready`` with the core's info, or ``LoadFailed``. After
-that the loop is one command in, one ``Answer`` out, in order: the client waits for
+``EngineConfig``). While the model loads, each log line of the ``engine`` loggers goes to
+the client (``/healthz`` shows it); then an ``Answer`` with the core's info, or the
+failure. After
+that the loop is one call in (an ``EngineCore`` method of ``messages.CALLS``), one
+``Answer`` out, in order: the client waits for
 each answer, so the core never runs ahead of the engine and both processes see the
 same sequence of states as the in-process client would.
 
@@ -32,63 +34,38 @@ log = logging.getLogger("kvscope.engine_core")
 
 def run_core_process(config: Any, conn: Connection) -> None:
     # Ctrl-C and a service manager's SIGTERM reach the whole process group; the server
-    # stops the core in order (Shutdown), or EOF does when the server is gone.
+    # stops the core in order: it closes its end, and EOF ends the loop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     set_default_wait_policy()  # before torch is imported (engine.cpu_threads)
     bound_cpu_shape_caches()  # before the model's first op (memory_hygiene)
     try:
-        with ProgressCapture(lambda line: conn.send_bytes(m.encode(m.Progress(line)))):
+        with ProgressCapture(lambda line: conn.send_bytes(m.encode(line))):
             from engine.engine_core.startup import build_engine_core
 
             core = build_engine_core(config)
     except BaseException as exc:  # any load failure is reported, never raised into a void
-        conn.send_bytes(m.encode(m.LoadFailed(m.failure_of(exc))))
+        conn.send_bytes(m.encode(m.Answer(m.NIL, m.failure_of(exc), False, False)))
         return
     freeze_heap()  # the loaded heap (torch, the model) is never garbage (memory_hygiene)
-    conn.send_bytes(m.encode(m.Ready(core.info)))
+    conn.send_bytes(m.encode(m.Answer(m.NIL, None, False, False, core.info)))
     trimmer = Trimmer()
     while True:
         try:
-            command = m.command_decoder.decode(conn.recv_bytes())
-        except EOFError:  # the engine's process is gone
+            name, args = m.call_decoder.decode(conn.recv_bytes())
+        except EOFError:  # the engine closed its end (``close``), or its process is gone
             return
-        if isinstance(command, m.ShutdownCall):
-            return
-        value, failure = m.NIL, None
+        value, failure, info = m.NIL, None, core.info
         try:
-            value = _execute(core, command)
+            args = m.decode_args(name, args)  # first: it refuses a name CALLS does not list
+            value = msgspec.Raw(m.encode(getattr(core, name)(*args)))
         except Exception as exc:
-            log.debug("engine core: %s raised", type(command).__name__, exc_info=exc)
+            log.debug("engine core: %s raised", name, exc_info=exc)
             failure = m.failure_of(exc)
         conn.send_bytes(m.encode(m.Answer(value, failure, core.has_unfinished_requests(),
-                                          core.has_pending_events())))
+                                          core.has_pending_events(), None if core.info is info else core.info)))
         trimmer.tick()
-
-
-def _execute(core: Any, command: Any) -> Any:
-    """One command on the core; its value, ready for the answer (msgpack raw)."""
-    if isinstance(command, m.StepCall):
-        return m.encode_step(core.step(command.stop_ids, command.summary))
-    if isinstance(command, m.AddRequestCall):
-        return _raw(core.add_request(command.request))
-    if isinstance(command, m.AbortRequestsCall):
-        return _raw(core.abort_requests(command.request_ids))
-    if isinstance(command, m.ResetPrefixCacheCall):
-        return _raw(core.reset_prefix_cache())
-    if isinstance(command, m.SnapshotCall):
-        return _raw(core.snapshot(command.tokens).to_dict())
-    if isinstance(command, m.StatsCall):
-        return _raw(core.stats())
-    if isinstance(command, m.RestartCall):
-        closing = core.restart(command.options, command.limits)
-        return _raw(m.Restarted(m.NIL if closing is None else m.encode_step(closing), core.info))
-    raise TypeError(f"the engine core has no command {type(command).__name__}")
-
-
-def _raw(value: Any) -> msgspec.Raw:
-    return msgspec.Raw(m.encode(value))
 
 
 def main(fd: int) -> None:

@@ -3,7 +3,7 @@
 INFO+ lines of the ``engine`` loggers (model loading, KV sizing) go to ``note`` while
 the core is built: the worker's health board in the serving process (``/healthz``
 shows what is happening), or the pipe to the engine in the core's own process
-(``engine.engine_core.process`` sends each as ``Progress``).
+(``engine.engine_core.process`` sends each to the engine).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Core start-up: ``build_engine_core(config)``, the one way to make an EngineCore.
 
-It loads the model (or reuses loaded weights), sizes the KV budget, builds the
-scheduler (which checks that the pool holds one max_model_len sequence, before any KV
-tensor is allocated) and then the runner. Derived values (device, max_model_len,
-chunk budget, block count) are computed here and passed on explicitly; the
-EngineConfig is never written back. Runs where the core runs (this process, or the
-core's own: ``engine.engine_core.process``), so it may import torch.
-
-``engine.llm_engine.build_engine(config)`` is the in-process engine over such a core
-(``LLM``, lessons, benchmarks, tests); ``LLMEngine.from_config`` picks the client the
-config asks for.
+What it does, in order, and how the pool is sized: docs/architecture.md, "Start-up".
+Derived values (device, max_model_len, chunk budget, block count) are computed here and
+passed on explicitly; the EngineConfig is never written back. Runs where the core runs
+(this process, or the core's own: ``engine.engine_core.process``), so it may import torch.
 """
 
 from __future__ import annotations

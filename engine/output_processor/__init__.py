@@ -5,6 +5,5 @@
 """
 
 from engine.output_processor.processor import OutputProcessor, ProcessedOutputs
-from engine.output_processor.request_state import RequestState, SampleState
 
-__all__ = ["OutputProcessor", "ProcessedOutputs", "RequestState", "SampleState"]
+__all__ = ["OutputProcessor", "ProcessedOutputs"]

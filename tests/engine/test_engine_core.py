@@ -10,8 +10,11 @@ step: ~5 KB at token 1,000).
 
 from __future__ import annotations
 
+import pytest
+
 from engine.config import EngineConfig
 from engine.core import SamplingParams
+from engine.core.core_step import CoreStep
 from engine.engine_core import messages as m
 from engine.llm_engine import LLMEngine
 
@@ -65,7 +68,14 @@ def test_every_step_crosses_the_wire_as_it_was(tiny_llama):
     _workload(eng)
     assert len(eng.core.steps) > 10
     for step in eng.core.steps:
-        assert m.decode_step(bytes(m.encode_step(step))) == step
+        assert m.decode(m.encode(step), CoreStep) == step
+
+
+def test_a_call_crosses_as_its_name_and_typed_args():
+    name, args = m.call_decoder.decode(m.encode(("step", (["a"], True))))
+    assert (name, m.decode_args(name, args)) == ("step", (["a"], True))
+    with pytest.raises(TypeError, match="no call 'close'"):  # only what CALLS lists is answered
+        m.decode_args("close", m.encode(()))
 
 
 class _Recording:

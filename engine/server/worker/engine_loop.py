@@ -22,7 +22,6 @@ all write that one state; split, its only writer would be read from several file
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -33,7 +32,6 @@ from engine.core import KVScopeError
 from engine.engine_core.client import CoreDied, LoadStopped
 from engine.engine_core.memory_hygiene import Trimmer, freeze_heap
 from engine.engine_core.progress import ProgressCapture
-from engine.engine_core.restart import RestartLimits
 from engine.events.schema.step import StepRecord
 from engine.events.schema.types import PROTOCOL_VERSION
 from engine.llm_engine import LLMEngine
@@ -84,7 +82,6 @@ class EngineWorker(threading.Thread):
         # bounded by what the first engine was started with (not by the running one).
         # (When the server has a token, only clients presenting it get a connection.)
         self.client_restart = client_restart
-        self.restart_limits: RestartLimits | None = None
         self.stop_requested = threading.Event()  # set by the app before it sends Shutdown
         self.trimmer = Trimmer()  # hands freed heap back to the OS now and then (memory_hygiene)
         self.frozen_objects = 0  # what the last freeze_heap froze (memory_hygiene)
@@ -136,8 +133,6 @@ class EngineWorker(threading.Thread):
     def _install(self, engine: LLMEngine) -> None:
         """Start a run on ``engine``; every subscriber is told (hello + empty snapshot)."""
         self.engine = engine
-        if self.restart_limits is None:
-            self.restart_limits = RestartLimits.of(engine.info)
         self._last_seq = -1
         self.book.new_run()
         config = engine.describe()
@@ -332,7 +327,7 @@ class EngineWorker(threading.Thread):
             return
         old = self.engine
         try:  # every request is aborted, its finished delivered, the old run's last step published
-            new = old.restart(cmd.engine, dataclasses.asdict(self.restart_limits), self._deliver)
+            new = old.restart(cmd.engine, self._deliver)
         except (KVScopeError, TypeError, ValueError) as exc:
             self._reply(sink, Error(ErrorCode.BAD_CONFIG, str(exc), op=cmd.type))
             return
