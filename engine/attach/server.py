@@ -83,8 +83,7 @@ class AttachOptions:
 class AttachServer(FrontDoor):
     def __init__(self, options: AttachOptions) -> None:
         super().__init__(host=options.host, port=options.port, db=options.db, record=options.record,
-                         token=options.token, max_frame_bytes=options.max_frame_bytes,
-                         ping_interval=options.ping_interval,
+                         token=options.token, ping_interval=options.ping_interval,
                          limits=HubLimits(options.max_frame_bytes, options.step_buffer,
                                           options.step_history),
                          max_pending_ops=1024, board=HealthBoard("attach"),

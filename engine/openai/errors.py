@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.sampling_params import SamplingParams
 from engine.protocol.errors import ErrorCode as E
+from engine.protocol.errors import ProtocolError
 from engine.protocol.messages import Error
 
 INVALID = "invalid_request_error"
@@ -61,7 +63,16 @@ _FROM_ENGINE = {
 }
 
 
-def from_engine(err: Error, param: str | None = None) -> ApiError:
-    """The HTTP error for an ``error`` reply of the engine thread."""
+def from_engine(err: Error | ProtocolError) -> ApiError:
+    """The HTTP error for an ``error`` reply of the engine thread (or a refusal of the
+    front door), naming the parameter where it can: the prompt that does not fit, or the
+    sampling field a check at admission refused (``top_k`` above the vocabulary;
+    SamplingParams' messages start with the field)."""
     status, kind, code = _FROM_ENGINE.get(err.code, (500, "server_error", err.code))
-    return ApiError(status, err.message, kind, param if status == 400 else None, code)
+    param = None
+    if err.code in (E.PROMPT_TOO_LONG, E.PROMPT_TOO_LARGE):
+        param = "prompt"
+    elif err.code == E.BAD_PARAMS:
+        word = err.message.split(" ", 1)[0]
+        param = word if word in SamplingParams.__dataclass_fields__ else None
+    return ApiError(status, err.message, kind, param, code)

@@ -1,5 +1,9 @@
 """Completion and chat request bodies → ``ApiRequest`` (validated; pure Python).
 
+Over 300 lines on purpose: it answers for every field of vLLM's two request types
+(below), and one reader per field, side by side with the tables of the rest, is what
+lets a test hold the whole surface to vLLM's field lists.
+
 Every field of vLLM 0.32's ``CompletionRequest`` and ``ChatCompletionRequest`` is one of
 (``tests/vllm/test_openai_bodies.py`` holds this module to vLLM's own field lists):
 

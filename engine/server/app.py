@@ -127,8 +127,7 @@ class ServerOptions:
 class KVScopeServer(FrontDoor):
     def __init__(self, options: ServerOptions) -> None:
         super().__init__(host=options.host, port=options.port, db=options.db, record=options.record,
-                         token=options.token, max_frame_bytes=options.max_frame_bytes,
-                         ping_interval=options.ping_interval,
+                         token=options.token, ping_interval=options.ping_interval,
                          limits=HubLimits(options.max_frame_bytes, options.step_buffer,
                                           options.step_history, options.max_outbox_bytes,
                                           max_in_flight=options.max_in_flight_per_conn,
@@ -141,7 +140,7 @@ class KVScopeServer(FrontDoor):
         self.metrics.watch_config(lambda: self.board.current.config)
         self.metrics.watch_faults(lambda: self.board.faults)
         self.worker: EngineWorker | None = None
-        self.desk = ApiDesk(self.mailbox, self.hub.workers, lambda: self.hub.prep, self._engine_alive)
+        self.desk = ApiDesk(self.hub, self._engine_alive)
 
     @property
     def http_url(self) -> str:
@@ -196,7 +195,6 @@ class KVScopeServer(FrontDoor):
         self.worker.start()
 
     async def _stop_work(self) -> None:
-        self.desk.stopping = True  # new API calls get 503 from here on
         worker = self.worker
         if worker is not None:
             worker.stop_requested.set()

@@ -9,6 +9,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from engine.server.websocket.hub import HubLimits
+import engine.server.port.ws_adapter as wa
 from engine.server.port.ws_adapter import AsgiWebSocket
 from tests.server.helpers import healthz, http_get, raw, recv_until
 
@@ -40,31 +41,25 @@ def test_graceful_stop_closes_websockets_with_1001(make_server):
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
 
 
-class _StuckWebSocket:
-    """A Starlette WebSocket whose close never gets its frame out (a peer that stopped reading)."""
-
-    scope = {"extensions": {}}
-
-    async def close(self, code, reason):
-        await asyncio.sleep(3600)
-
-
 class _Transport:
     aborted = False
-
-    def get_extra_info(self, name, default=None):
-        return default
 
     def abort(self):
         self.aborted = True
 
 
-def test_close_drops_a_peer_that_does_not_take_the_close_frame(monkeypatch):
-    import engine.server.port.ws_adapter as wa
+class _StuckWebSocket:
+    """A Starlette WebSocket whose close never gets its frame out (a peer that stopped reading)."""
 
+    scope = {"extensions": {wa.SCOPE_TRANSPORT: _Transport(), wa.SCOPE_DRAINED: None}}
+
+    async def close(self, code, reason):
+        await asyncio.sleep(3600)
+
+
+def test_close_drops_a_peer_that_does_not_take_the_close_frame(monkeypatch):
     monkeypatch.setattr(wa, "CLOSE_TIMEOUT_S", 0.05)
     ws = AsgiWebSocket(_StuckWebSocket())
-    ws.transport = _Transport()
     asyncio.run(ws.close(1008, "slow_client"))
     assert ws.transport.aborted
     with pytest.raises(ConnectionClosed):

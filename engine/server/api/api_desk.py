@@ -1,18 +1,12 @@
 """ApiDesk and Exchange: HTTP API calls as sinks of the engine thread's mailbox (loop thread).
 
-An API call is an ``Exchange``: a ``Sink`` (``engine.server.worker.sink``) with its own id
-from the mailbox and source ``openai``, which the engine thread records with each of
-its requests. It sends its engine requests as protocol ``Submit`` ops through the
-same bounded mailbox as websocket ops, each first prepared (checked and tokenized by
-the current run's ``PromptPrep``) in the hub's worker pool, as the websocket door
-does, so no API prompt costs the event loop or the engine thread its tokenizing
-time; it posts as ``Prepared``. The engine thread's answers come back to it through
-``deliver`` on the loop thread: ``Accepted`` or ``Error`` per request, the
-RequestOutputs of every step in which a request progressed, ``Ok`` for a control op.
-When the call ends for any reason (answered, client gone, error) the desk sends
-``Detach``, which aborts whatever of it is still live: blocks freed, ``abort`` in the
-events. Detach queues behind the exchange's own Submits (the mailbox is FIFO), so
-even a request still in the queue cannot outlive its caller.
+An API call is an ``Exchange``: a ``Sink`` (``engine.server.worker.sink``) of source
+``openai``. Its ``Submit`` ops go the websocket door's way (``Hub.prepare`` in the hub's
+worker pool, then ``Hub.post`` as ``Prepared``); the engine thread's answers come back
+through ``deliver``. When the call ends for any reason (answered, client gone, error)
+the desk sends ``Detach``, which aborts whatever of it is still live; it queues behind
+the exchange's own Submits (the mailbox is FIFO), so even a request still in the queue
+cannot outlive its caller.
 
 Outputs are coalesced per request while the handler is busy (a slow reader gets
 bigger deltas, not a growing queue): memory per exchange stays bounded by its
@@ -29,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import Executor
-from typing import ClassVar
+from functools import partial
+from typing import TYPE_CHECKING, ClassVar
 
 from engine.core.sampling_params import SamplingParams
 from engine.openai.choices import Update
@@ -40,16 +34,14 @@ from engine.outputs import RequestOutput
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Accepted, Error, Message
 from engine.protocol.ops import Op, Submit
-from engine.server.worker.mailbox import Detach, Mailbox, Prepared
+from engine.server.worker.mailbox import Detach, Prepared
 from engine.server.worker.prompt_prep import PromptPrep
 from engine.server.worker.sink import Sink, SinkItem, Source
 
+if TYPE_CHECKING:
+    from engine.server.websocket.hub import Hub
+
 LIVENESS_POLL_S = 1.0  # how often a waiting handler checks that the engine thread still runs
-
-
-def _busy() -> ApiError:
-    return ApiError(429, "the engine's command queue is full; retry shortly", "rate_limit_error",
-                    None, "busy")
 
 
 class Exchange(Sink):
@@ -84,21 +76,25 @@ class Exchange(Sink):
         (too long, too many bytes, a bad role or token id, empty), 429 when the engine's
         mailbox is full, 503 once the server is stopping. ``truncate``: vLLM's
         ``truncate_prompt_tokens`` and ``truncation_side``."""
-        try:
-            op = Submit(prompt, messages, params, request_id)
-        except ProtocolError as exc:  # e.g. a chat of empty messages (the protocol's own check)
-            raise_refusal(Error.from_exc(exc))
-        cmd = await self.desk.prepare(op, truncate)
-        if self.desk.stopping:
-            raise _stopping()
+        hub = self.desk.hub
+        if hub.prep is None and truncate[0] is not None:  # only a prepared prompt can be cut
+            raise ApiError(503, "the model is still loading; retry shortly", "server_error",
+                           None, "loading")
+        try:  # the protocol's own checks (a chat of empty messages), then the prep's
+            cmd = await hub.prepare(Submit(prompt, messages, params, request_id),
+                                    partial(_prepare, truncate=truncate))
+        except ProtocolError as exc:
+            raise from_engine(exc) from None
         self.send(cmd)
         self.rids.append(request_id)
         if isinstance(cmd, Prepared):
             self.prompt_ids[request_id] = cmd.token_ids
 
     def send(self, cmd: Op | Prepared) -> None:
-        if not self.desk.mailbox.send(self, cmd):
-            raise _busy()
+        try:
+            self.desk.hub.post(self, cmd)
+        except ProtocolError as exc:  # busy, shutting down
+            raise from_engine(exc) from None
 
     # ---- from the engine (loop thread) -------------------------------------------------
 
@@ -140,7 +136,7 @@ class Exchange(Sink):
         refusal (the others are aborted when the exchange closes)."""
         await self._wait(lambda: self.refusal is not None or len(self.accepted) == len(self.rids))
         if self.refusal is not None:
-            raise_refusal(self.refusal)
+            raise from_engine(self.refusal)
 
     async def updates(self) -> list[Update]:
         """Everything that arrived since the last call (waits for something)."""
@@ -158,10 +154,6 @@ class Exchange(Sink):
         """The engine's answer to a control op."""
         await self._wait(lambda: bool(self.replies))
         return self.replies.pop(0)
-
-
-def _stopping() -> ApiError:
-    return ApiError(503, "the server is shutting down", "server_error", None, ErrorCode.SHUTTING_DOWN)
 
 
 def _prepare(prep: PromptPrep, op: Submit, truncate: tuple[int | None, str]) -> Prepared:
@@ -183,53 +175,16 @@ def _prepare(prep: PromptPrep, op: Submit, truncate: tuple[int | None, str]) -> 
     return prepared
 
 
-def raise_refusal(err: Error) -> None:
-    """The engine's refusal as the HTTP error, naming the parameter where it can: the
-    prompt that does not fit, or the sampling field a check at admission refused
-    (``top_k`` above the vocabulary; SamplingParams' messages start with the field)."""
-    param = None
-    if err.code in (ErrorCode.PROMPT_TOO_LONG, ErrorCode.PROMPT_TOO_LARGE):
-        param = "prompt"
-    elif err.code == ErrorCode.BAD_PARAMS:
-        word = err.message.split(" ", 1)[0]
-        param = word if word in SamplingParams.__dataclass_fields__ else None
-    raise from_engine(err, param)
-
-
 class ApiDesk:
     """Opens and closes exchanges; knows which are open (``/healthz``, shutdown)."""
 
-    def __init__(self, mailbox: Mailbox, workers: Executor, prep: Callable[[], PromptPrep | None],
-                 alive: Callable[[], bool] = lambda: True) -> None:
-        self.mailbox = mailbox
-        self.workers = workers  # the hub's prompt-preparing pool (shut down at shutdown)
-        self.prep = prep  # the current run's PromptPrep (None before the first run's NewRun)
+    def __init__(self, hub: Hub, alive: Callable[[], bool] = lambda: True) -> None:
+        self.hub = hub  # the way into the engine thread, shared with the websocket door
         self.alive = alive  # False once the engine thread is gone
         self.exchanges: dict[int, Exchange] = {}
-        self.stopping = False
-
-    async def prepare(self, op: Submit, truncate: tuple[int | None, str] = (None, "left")
-                      ) -> Submit | Prepared:
-        """``op`` checked and tokenized in the worker pool; before the first run's
-        PromptPrep reaches the loop, ``op`` itself (the engine thread prepares it)."""
-        prep = self.prep()
-        if prep is None:
-            if truncate[0] is not None:  # only a prepared prompt can be cut
-                raise ApiError(503, "the model is still loading; retry shortly", "server_error",
-                               None, "loading")
-            return op
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.workers, _prepare, prep,
-                                                                    op, truncate)
-        except ProtocolError as exc:
-            raise_refusal(Error.from_exc(exc))
-        except RuntimeError:  # the pool is shut down: the server is stopping
-            if self.stopping:
-                raise _stopping() from None
-            raise
 
     def open(self, client: str = "unknown") -> Exchange:
-        ex = Exchange(self, self.mailbox.new_sink_id(), client)
+        ex = Exchange(self, self.hub.mailbox.new_sink_id(), client)
         self.exchanges[ex.id] = ex
         return ex
 
@@ -239,4 +194,4 @@ class ApiDesk:
             return
         ex.closed = True
         if ex.rids:
-            self.mailbox.send_lifecycle(ex, Detach())
+            self.hub.mailbox.send_lifecycle(ex, Detach())

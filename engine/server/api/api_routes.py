@@ -34,10 +34,10 @@ from engine.openai.request import ApiRequest, Endpoint, ParseLimits, check_model
 from engine.openai.token_strings import TokenStrings
 from engine.protocol.messages import Error, Ok
 from engine.protocol.ops import ResetPrefixCache
-from engine.server.api.api_desk import ApiDesk, Exchange, raise_refusal
+from engine.server.api.api_desk import ApiDesk, Exchange
 from engine.server.api.client_quota import ClientQuota
 from engine.server.worker.health import HealthBoard, Status
-from engine.server.port.http import Gate
+from engine.server.port.http import CHALLENGE, Gate
 
 REQUEST_ID_HEADER = "x-kvscope-request-id"
 RUN_ID_HEADER = "x-kvscope-run-id"
@@ -48,8 +48,7 @@ class ClientGone(Exception):
 
 
 def error_response(exc: ApiError) -> Response:
-    headers = {"WWW-Authenticate": 'Bearer realm="kvscope"'} if exc.status == 401 else None
-    return JSONResponse(exc.body(), exc.status, headers)
+    return JSONResponse(exc.body(), exc.status, CHALLENGE if exc.status == 401 else None)
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -121,7 +120,7 @@ class ApiContext:
 
     def ready(self) -> Any:
         health = self.board.current
-        if self.desk.stopping or health.status is Status.STOPPING:
+        if self.desk.hub.stopping or health.status is Status.STOPPING:
             raise ApiError(503, "the server is shutting down", "server_error", None, "shutting_down")
         if health.status is Status.LOADING:
             raise ApiError(503, f"the model is still loading ({health.detail}); retry shortly",
@@ -173,9 +172,11 @@ async def models(ctx: ApiContext, request: Request) -> Response:
 async def health(ctx: ApiContext, request: Request) -> Response:
     """vLLM's liveness probe: 200 with an empty body while the engine serves, else 503
     (kvscope's own ``/healthz`` says why)."""
-    health = ctx.board.current
-    ok = health.serving and not ctx.desk.stopping and health.status is not Status.STOPPING
-    return Response(status_code=200 if ok else 503)
+    try:
+        ctx.ready()
+    except ApiError:
+        return Response(status_code=503)
+    return Response(status_code=200)
 
 
 async def reset_prefix_cache(ctx: ApiContext, request: Request) -> Response:
@@ -216,19 +217,14 @@ async def generate(ctx: ApiContext, request: Request, endpoint: Endpoint) -> Res
     req = parse(body, ctx.limits)
     health = ctx.ready()
     check_model(req.model, ctx.names)
-    client, held = _client(request), 1 if endpoint is Endpoint.CHAT else len(req.prompts)
+    client, held = _client(request), req.num_requests
     ctx.quota.take(client, held)
     rid = f"{'chatcmpl' if endpoint is Endpoint.CHAT else 'cmpl'}-{secrets.token_hex(12)}"
     ex = ctx.desk.open(client)
 
-    closed = False
-
-    def close() -> None:  # once, however the call ends (the stream's end, or below)
-        nonlocal closed
-        if not closed:
-            closed = True
-            ctx.desk.close(ex)
-            ctx.quota.give_back(client, held)
+    def close() -> None:  # once, however the call ends: the stream's end, or below
+        ctx.desk.close(ex)
+        ctx.quota.give_back(client, held)
 
     streaming = False
     try:
@@ -254,7 +250,7 @@ async def _finish(ex: Exchange, asm: Assembler) -> None:
             asm.note(up)
         errors = ex.take_errors()
         if errors:
-            raise_refusal(errors[0])
+            raise from_engine(errors[0])
 
 
 async def _events(ex: Exchange, asm: Assembler) -> AsyncIterator[bytes]:

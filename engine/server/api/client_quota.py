@@ -21,9 +21,7 @@ DEFAULT_MAX_API_IN_FLIGHT = 128
 
 class ClientQuota:
     def __init__(self, limit: int = DEFAULT_MAX_API_IN_FLIGHT) -> None:
-        if not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"the per-client API limit must be a positive integer, got {limit!r}")
-        self.limit = limit
+        self.limit = limit  # checked by ServerOptions (--max-api-in-flight)
         self._held: dict[str, int] = {}  # client address -> requests of its open calls
 
     def held(self, client: str) -> int:

@@ -1,18 +1,11 @@
 """FrontDoor: the websocket + HTTP listener every kvscope server runs, around one worker.
 
-``kvscope serve`` (``engine.server.app.KVScopeServer``, an engine worker in a process of
-its own or a thread) and
-``kvscope attach`` (``engine.attach.server.AttachServer``, a thread fed by KV event
-subscriptions) differ only in their worker (and serve adds the OpenAI API). Both
-keep: one port for websockets, ``/healthz`` and ``/metrics``; the hub; the mailbox
-the worker reads; the recorder; start in a thread or serve in the main one until
-SIGINT/SIGTERM; a graceful stop.
-
-The port is a Starlette app on uvicorn (HTTP on h11; websockets on the
-``websockets`` package's sans-I/O protocol, ``ws_adapter``), so HTTP methods other
-than GET reach it (the websockets server's own parser refuses them). Its routes:
-``http.Gate``'s (``/healthz``, ``/metrics``, the websocket door) plus the subclass's,
-behind ``http.HostCheck`` (the Host header rule, ``security.HostPolicy``).
+``kvscope serve`` (``engine.server.app.KVScopeServer``) and ``kvscope attach``
+(``engine.attach.server.AttachServer``) differ only in their worker (and serve adds the
+OpenAI API). Both keep: one port (a Starlette app on uvicorn, see "Front doors" in
+docs/architecture.md) for websockets, ``/healthz`` and ``/metrics``, behind
+``http.HostCheck``; the hub; the mailbox the worker reads; the recorder; start in a
+thread or serve in the main one until SIGINT/SIGTERM; a graceful stop.
 
 A subclass implements ``_start_work(post)`` (start the worker; ``post`` hands its
 delivery batches to the hub on the loop) and ``_stop_work()`` (end it: its last
@@ -60,11 +53,11 @@ Post = Callable[[list[Delivery]], None]
 
 class FrontDoor:
     def __init__(self, *, host: str, port: int, db: str | None, record: bool, token: str | None,
-                 max_frame_bytes: int, ping_interval: float | None, limits: HubLimits,
+                 ping_interval: float | None, limits: HubLimits,
                  max_pending_ops: int, board: HealthBoard, metrics: HubMetrics,
                  redact_tokens: bool = False, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.host, self.requested_port, self.db, self.record = host, port, db, record
-        self.token, self.max_frame_bytes, self.ping_interval = token, max_frame_bytes, ping_interval
+        self.token, self.ping_interval = token, ping_interval
         self.port: int | None = None
         self.host_policy = HostPolicy.for_bind(host, allowed_hosts)
         self.board = board
@@ -200,7 +193,7 @@ class FrontDoor:
 
     async def _shutdown(self) -> None:
         log.info("kvscope: shutting down")
-        self.hub.stopping = self.gate.stopping = True
+        self.hub.stopping = True  # both front doors refuse new work from here on
         await self._stop_work()
         self.hub.close()
         deadline = time.monotonic() + 1.0  # let final replies (finished/abort) reach clients
@@ -215,7 +208,7 @@ class FrontDoor:
     def _http_server(self) -> uvicorn.Server:
         config = uvicorn.Config(
             self.asgi_app(), http="h11", ws=TransportWebSocketProtocol, lifespan="off",
-            ws_max_size=self.max_frame_bytes * HARD_FRAME_FACTOR,
+            ws_max_size=self.hub.limits.max_frame_bytes * HARD_FRAME_FACTOR,
             ws_per_message_deflate=False,  # deflate per client would cost CPU per broadcast
             ws_ping_interval=self.ping_interval, ws_ping_timeout=PING_TIMEOUT_S,
             log_config=None, access_log=False, server_header=False,

@@ -10,19 +10,15 @@
   HTTP 503 and the health JSON, so a client knows to retry. Accepted, it is the
   Hub's for its life (protocol v2, unchanged).
 - ``GET /`` without an upgrade: a line saying what this port is.
-- ``HEAD`` on a GET route: the GET's status and headers, no body (uvicorn drops it).
-- Another method on a route: 405 with ``Allow`` (``GET, HEAD`` or ``POST``).
-- Anything else: 404 JSON. The API's paths (``/v1...``, ``/reset_prefix_cache``)
-  answer 404/405/403 in OpenAI's error shape, the others in ``{"error", "detail"}``.
-- Before any route (``HostCheck``): a Host header the ``HostPolicy`` refuses gets 403,
-  the websocket handshake included (DNS rebinding; see ``engine.server.port.security``).
+- ``HEAD``, 405 with ``Allow``, 404, and before any route the Host check (``HostCheck``,
+  403): as "Front doors" in docs/architecture.md says; in OpenAI's error shape on the
+  API's paths (``/v1...``, ``/reset_prefix_cache``), ``{"error", "detail"}`` elsewhere.
 
 The OpenAI routes (``engine.server.api.api_routes``) share ``Gate`` for the token and Origin.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,27 +34,13 @@ from engine.server.worker.health import HealthBoard, Status
 from engine.server.websocket.hub import Hub
 from engine.server.metrics.hub_metrics import HubMetrics
 from engine.server.metrics.prom import CONTENT_TYPE
-from engine.server.port.security import ALLOWED_ORIGINS, HostPolicy, token_ok
+from engine.server.port.security import HostPolicy, origin_allowed, token_ok
 from engine.server.port.ws_adapter import AsgiWebSocket
 
 WS_PATHS = ("/", "/ws")
 UNAUTHORIZED = {"error": "unauthorized", "detail": "present the server token as ?token= or "
                                                    "Authorization: Bearer"}
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="kvscope"'}
-
-
-def origin_allowed(origin: str | None) -> bool:
-    """The websocket server's Origin rule: no Origin (scripts) or a page of this machine."""
-    for allowed in ALLOWED_ORIGINS:
-        if allowed is None:
-            if origin is None:
-                return True
-        elif isinstance(allowed, re.Pattern):
-            if origin is not None and allowed.fullmatch(origin):
-                return True
-        elif allowed == origin:
-            return True
-    return False
 
 
 class Gate:
@@ -70,7 +52,6 @@ class Gate:
         self.metrics = metrics
         self.token = token
         self.extra_health = extra_health or dict
-        self.stopping = False  # set by the app when shutdown begins
 
     def authorized(self, conn: HTTPConnection) -> bool:
         query = conn.scope.get("query_string", b"").decode("latin-1")
@@ -107,7 +88,7 @@ class Gate:
                 await ws.send_denial_response(JSONResponse(UNAUTHORIZED, 401, CHALLENGE))
                 return
             health = self.board.current
-            if not health.serving or self.stopping:
+            if not health.serving or hub.stopping:
                 # Refused rather than accepted-then-closed: a client sees 503 during the
                 # handshake and retries, with no half-open session to clean up.
                 await ws.send_denial_response(JSONResponse(health.to_dict(), 503))

@@ -31,12 +31,16 @@ from urllib.parse import parse_qs, urlsplit
 
 from engine.protocol.handshake import TOKEN_ENV
 
-# No Origin (scripts, the Python client) or a page served from this machine.
-ALLOWED_ORIGINS = [None, re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?")]
+LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?")
 
 
 class BindRefused(Exception):
     """The host/token combination is not allowed; the message says what to do."""
+
+
+def origin_allowed(origin: str | None) -> bool:
+    """The Origin rule: no Origin (scripts, the Python client) or a page of this machine."""
+    return origin is None or LOCAL_ORIGIN.fullmatch(origin) is not None
 
 
 def is_loopback(host: str) -> bool:
@@ -72,19 +76,15 @@ def check_allowed_hosts(names) -> tuple[str, ...]:
     return names
 
 
-def presented_token(path: str, authorization: str | None) -> str | None:
-    """The token a request carries (Authorization: Bearer wins over ?token=)."""
-    if authorization and authorization.lower().startswith("bearer "):
-        return authorization[7:].strip()
-    values = parse_qs(urlsplit(path).query).get("token")
-    return values[0] if values else None
-
-
 def token_ok(expected: str | None, path: str, authorization: str | None) -> bool:
-    """True when no token is required or the request carries the right one."""
+    """True when no token is required or the request carries the right one
+    (``Authorization: Bearer`` wins over ``?token=``)."""
     if not expected:
         return True
-    got = presented_token(path, authorization)
+    if authorization and authorization.lower().startswith("bearer "):
+        got = authorization[7:].strip()
+    else:
+        got = (parse_qs(urlsplit(path).query).get("token") or [None])[0]
     return got is not None and hmac.compare_digest(got.encode(), expected.encode())
 
 

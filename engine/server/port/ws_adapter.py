@@ -1,11 +1,9 @@
 """The websocket route's connection, as the Hub sees it, on uvicorn's websockets-sansio.
 
-The Hub was written against websockets' ``ServerConnection`` and uses four things of
-it: ``async for frame in ws`` (text or bytes; ends when the peer goes), ``send``,
-``close(code, reason)`` and ``transport`` (to shrink the socket's send buffer). The
-server now runs on uvicorn (one port for HTTP and websockets), whose websocket
-protocol is the ``websockets`` package's sans-I/O state machine; ``AsgiWebSocket``
-gives the Hub those four things over a Starlette ``WebSocket``.
+The Hub uses four things of a connection: ``async for frame in ws`` (text or bytes; ends
+when the peer goes), ``send``, ``close(code, reason)`` and ``transport`` (to shrink the
+socket's send buffer); ``AsgiWebSocket`` gives it those over a Starlette ``WebSocket``
+on uvicorn's websocket protocol (the ``websockets`` package's sans-I/O state machine).
 
 ASGI has no way to reach the transport, and the Hub needs it twice: to cap the kernel
 send buffer (else a stalled reader hides megabytes of steps in the kernel, past the
@@ -53,17 +51,6 @@ class TransportWebSocketProtocol(WebSocketsSansIOProtocol):
             scope["extensions"][SCOPE_DRAINED] = self.writable.wait
 
 
-class _NoTransport:
-    """Stands in when a server does not expose the transport (only the kernel buffer cap
-    and the hard drop are lost)."""
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def abort(self) -> None:
-        pass
-
-
 def _closed(code: int | None = None, reason: str = "") -> ConnectionClosed:
     return ConnectionClosed(Close(code or 1006, reason or ""), None)
 
@@ -73,9 +60,9 @@ class AsgiWebSocket:
 
     def __init__(self, websocket: WebSocket) -> None:
         self.websocket = websocket
-        ext = websocket.scope.get("extensions") or {}
-        self.transport = ext.get(SCOPE_TRANSPORT) or _NoTransport()
-        self._drained = ext.get(SCOPE_DRAINED)
+        ext = websocket.scope["extensions"]  # TransportWebSocketProtocol's, always
+        self.transport = ext[SCOPE_TRANSPORT]
+        self._drained = ext[SCOPE_DRAINED]
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[str | bytes]:
@@ -96,8 +83,7 @@ class AsgiWebSocket:
             raise _closed()
         try:
             await self.websocket.send_text(frame)
-            if self._drained is not None:  # flow control after the write, as websockets does
-                await self._drained()
+            await self._drained()  # flow control after the write, as websockets does
         except (WebSocketDisconnect, RuntimeError, OSError) as exc:
             self._closed = True
             raise _closed(getattr(exc, "code", None)) from None

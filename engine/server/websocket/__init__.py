@@ -4,8 +4,8 @@
   subscribed connections.
 - ``ws_connection``: ``ClientConn``, one websocket client as a Sink.
 - ``outbox``: a client's outgoing queue (bounded in bytes, replies first).
-- ``inbound``: a connection's ops on their way to the engine thread, in order.
-- ``in_flight``: a connection's submits that still cost the server something.
+- ``inbound``: a connection's ops on their way to the engine thread, in order, and its
+  submits in flight.
 - ``frame_rate``: how fast one connection may send, in frames and in bytes.
 - ``step_history``: recent steps of the live run, and the answer to ``steps_since``.
 """

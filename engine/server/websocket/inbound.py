@@ -1,15 +1,24 @@
 """Inbound: one websocket connection's ops on their way to the engine thread.
 
-Submits are prepared first (checked and tokenized by ``PromptPrep`` in the hub's
-worker thread, so no prompt costs the event loop or the engine thread its
-tokenizing time); every other engine op goes straight to the mailbox, unless it
-would overtake a submit still being prepared: a connection's ops reach the engine
-thread in the order it sent them (an ``abort`` never passes its own ``submit``).
+Submits are prepared first (checked and tokenized by ``Hub.prepare`` in the hub's
+worker pool, so no prompt costs the event loop or the engine thread its tokenizing
+time); every other engine op goes straight to the mailbox, unless it would overtake a
+submit still being prepared: a connection's ops reach the engine thread in the order
+it sent them (an ``abort`` never passes its own ``submit``).
 
-A submit is refused here, before any work, when the connection already has
-``max_in_flight`` submits in flight, those still being prepared or checked
-included (``InFlight``). Ops waiting behind a submit in preparation are bounded
-(``max_queued``); past that the op is refused with ``busy``.
+A submit is in flight (``ClientConn.in_flight``) from the moment it is taken here,
+before it is tokenized or checked, until its verdict is a refusal or, once accepted,
+its request finished. Counting the ones not yet answered matters: a client sending big
+prompts that will all be refused would otherwise keep any number of them being
+tokenized at once. Past ``HubLimits.max_in_flight`` a submit is refused here, before any work,
+with ``too_many_in_flight``; the engine thread's RequestBook keeps its own count of
+accepted requests for every front door. Every submit gets exactly one verdict, in the
+order it was sent: ``accepted``, or an ``error`` whose ``op`` is ``submit``. An error
+about a request already accepted (its step failed) carries no op and is not a verdict;
+its ``finished`` follows.
+
+Ops waiting behind a submit in preparation are bounded (``max_queued``); past that the
+op is refused with ``busy``.
 
 Writer: the Hub, on the event-loop thread (the pump task runs there too).
 """
@@ -19,17 +28,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
 from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.messages import Error
 from engine.protocol.ops import Op, Submit
-from engine.server.worker.mailbox import Mailbox, Prepared
-from engine.server.worker.prompt_prep import PromptPrep
+from engine.server.worker.mailbox import Prepared
 
 if TYPE_CHECKING:
+    from engine.server.websocket.hub import Hub
     from engine.server.websocket.ws_connection import ClientConn
 
 log = logging.getLogger("kvscope.server")
@@ -38,15 +45,9 @@ MAX_QUEUED = 1024  # ops of one connection waiting behind a submit in preparatio
 
 
 class Inbound:
-    def __init__(self, conn: ClientConn, mailbox: Mailbox, workers: Executor,
-                 prep: Callable[[], PromptPrep | None], stopping: Callable[[], bool],
-                 max_in_flight: int, max_queued: int = MAX_QUEUED) -> None:
+    def __init__(self, conn: ClientConn, hub: Hub, max_queued: int = MAX_QUEUED) -> None:
         self.conn = conn
-        self.mailbox = mailbox
-        self.workers = workers
-        self.prep = prep  # the current engine's (None until the first run is delivered)
-        self.stopping = stopping
-        self.max_in_flight = max_in_flight
+        self.hub = hub
         self.max_queued = max_queued
         self._queue: deque[Op] = deque()
         self._pump: asyncio.Task | None = None
@@ -54,21 +55,19 @@ class Inbound:
     def take(self, op: Op) -> None:
         """An engine op of this connection, parsed and valid."""
         if isinstance(op, Submit):
-            self.conn.in_flight.taken()  # from here on it is owed exactly one verdict
-            if len(self.conn.in_flight) > self.max_in_flight:
-                self._refuse(ErrorCode.TOO_MANY_IN_FLIGHT, f"this connection already has "
-                             f"{self.max_in_flight} requests in flight (being checked or running); "
-                             f"wait for one to finish", op)
+            self.conn.in_flight += 1  # from here on it is owed exactly one verdict
+            limit = self.hub.limits.max_in_flight
+            if self.conn.in_flight > limit:
+                self._refuse(refused(ErrorCode.TOO_MANY_IN_FLIGHT, f"this connection already has "
+                             f"{limit} requests in flight (being checked or running); "
+                             f"wait for one to finish", op))
                 return
-        if self.stopping():
-            self._refuse(ErrorCode.SHUTTING_DOWN, "the server is shutting down", op)
-            return
-        if self._pump is None and (not isinstance(op, Submit) or self.prep() is None):
+        if self._pump is None and (not isinstance(op, Submit) or self.hub.prep is None):
             self._post(op)  # nothing of it ahead, nothing to prepare (no run yet: the engine does)
             return
         if len(self._queue) >= self.max_queued:
-            self._refuse(ErrorCode.BUSY, f"{self.max_queued} ops of this connection are waiting "
-                         f"for a submit to be prepared; retry shortly", op)
+            self._refuse(refused(ErrorCode.BUSY, f"{self.max_queued} ops of this connection are "
+                                 f"waiting for a submit to be prepared; retry shortly", op))
             return
         self._queue.append(op)
         if self._pump is None:
@@ -82,44 +81,35 @@ class Inbound:
             self._pump.cancel()
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while self._queue:
                 op = self._queue.popleft()
-                prep = self.prep()
-                if isinstance(op, Submit) and prep is not None:
+                if isinstance(op, Submit):
                     try:
-                        op = await loop.run_in_executor(self.workers, prep.prepare, op)
+                        op = await self.hub.prepare(op)
                     except ProtocolError as exc:
-                        self._refuse(exc.code, exc.message, exc)
+                        self._refuse(exc)
                         continue
                     except Exception as exc:  # a bug in preparing must cost only this submit
                         log.exception("kvscope: preparing a submit failed")
-                        self._refuse(ErrorCode.INTERNAL, f"preparing the prompt failed: {exc}", op)
-                        continue
-                    if self.stopping():
-                        self._refuse(ErrorCode.SHUTTING_DOWN, "the server is shutting down", op.submit)
+                        self._refuse(refused(ErrorCode.INTERNAL, f"preparing the prompt failed: "
+                                             f"{exc}", op))
                         continue
                 self._post(op)
         finally:
             self._pump = None
 
     def _post(self, cmd: Op | Prepared) -> None:
-        if not self.mailbox.send(self.conn, cmd):
-            op = cmd.submit if isinstance(cmd, Prepared) else cmd
-            self._refuse(ErrorCode.BUSY, "the engine's command queue is full; retry shortly", op)
+        try:
+            self.hub.post(self.conn, cmd)
+        except ProtocolError as exc:
+            self._refuse(exc)
 
-    def _refuse(self, code: str, message: str, about: Op | ProtocolError) -> None:
-        """Answer an op here; a refused submit got its verdict (InFlight stops counting it)."""
-        if isinstance(about, ProtocolError):
-            error = Error(code, message, about.request_id, about.op)
-        else:
-            error = refusal(code, message, about)
-        if error.op == Submit.type:
-            self.conn.in_flight.refused()
-        self.conn.reply(error)
+    def _refuse(self, exc: ProtocolError) -> None:
+        """Answer an op here; a refused submit got its verdict (``ClientConn.deliver``)."""
+        self.conn.deliver(Error.from_exc(exc))
 
 
-def refusal(code: str, message: str, op: Op) -> Error:
-    """The error answering ``op`` (with its request id, if it names one)."""
-    return Error(code, message, getattr(op, "request_id", None), op.type)
+def refused(code: str, message: str, op: Op) -> ProtocolError:
+    """The refusal of ``op`` (with its request id, if it names one)."""
+    return ProtocolError(code, message, getattr(op, "request_id", None), op.type)

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 
 class Outbox:
-    def __init__(self, max_steps: int, max_bytes: int) -> None:
+    def __init__(self, max_steps: int, max_bytes: int,
+                 on_drop: Callable[[int], None] = lambda n: None) -> None:
         if max_steps < 1 or max_bytes < 1:
             raise ValueError("max_steps and max_bytes must be >= 1")
         self.max_steps = max_steps
@@ -39,6 +41,7 @@ class Outbox:
         self._wake = asyncio.Event()
         self.num_bytes = 0  # queued in both lanes
         self.dropped_steps = 0
+        self.on_drop = on_drop  # told how many steps each drop cost (the hub counts them in /metrics)
         self.superseded_snapshots = 0
         self.max_steps_seen = 0  # high-water marks (tests and /metrics)
         self.max_bytes_seen = 0
@@ -52,7 +55,7 @@ class Outbox:
             self._drop_snapshots()
             self.clear_steps()  # all older than this snapshot
         if not self._fits(len(frame)):
-            self.dropped_steps += len(self._steps)
+            self._dropped(len(self._steps))
             self.clear_steps()
             if not self._fits(len(frame)):
                 return False
@@ -65,7 +68,7 @@ class Outbox:
         if self.closed:
             return False
         if len(self._steps) >= self.max_steps or not self._fits(len(frame)):
-            self.dropped_steps += 1
+            self._dropped(1)
             return False
         self._steps.append(frame)
         self.max_steps_seen = max(self.max_steps_seen, len(self._steps))
@@ -83,6 +86,10 @@ class Outbox:
             self.superseded_snapshots += len(self._replies) - len(kept)
             self.num_bytes -= sum(len(f) for f, snap in self._replies if snap)
             self._replies = kept
+
+    def _dropped(self, n: int) -> None:
+        self.dropped_steps += n
+        self.on_drop(n)
 
     def _fits(self, size: int) -> bool:
         return self.num_bytes + size <= self.max_bytes or not (self._replies or self._steps)

@@ -9,8 +9,8 @@ older snapshot. A client whose unsent frames would pass the outbox's byte bound
 is closed (1008, reason ``slow_client``) and counted in /metrics.
 
 Hello and snapshot messages go to many connections at once (every subscriber
-after a restart, every asker in one snapshot round): ``SharedFrames`` encodes
-each once per delivery batch, so N connections queue one string, not N copies.
+after a restart, every asker in one snapshot round): each is encoded once per
+delivery batch (``BatchMemo``), so N connections queue one string, not N copies.
 
 Writer of its outbox and flags: the hub and this connection's writer task, both
 on the loop thread.
@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from websockets.exceptions import ConnectionClosed
 
@@ -29,7 +30,7 @@ from engine.outputs import RequestOutput
 from engine.protocol.codec import encode
 from engine.protocol.errors import ErrorCode
 from engine.protocol.messages import Error, Hello, Message, Snapshot
-from engine.server.websocket.in_flight import InFlight
+from engine.protocol.ops import Submit
 from engine.server.websocket.inbound import Inbound
 from engine.server.websocket.outbox import Outbox
 from engine.server.worker.output_messages import output_messages
@@ -42,26 +43,23 @@ log = logging.getLogger("kvscope.server")
 SLOW_CLIENT_CLOSE = 1008  # policy violation: it let replies pile up past the bound
 
 
-class SharedFrames:
-    """Encoded frames of the messages of one delivery batch, by object identity.
+class BatchMemo:
+    """What was made of the messages of one delivery batch (their frames, their redacted
+    copies), by object identity; the object is kept with it, so a reused id never hits.
 
-    Writer: the Hub, which clears it after each batch (the messages, and so their ids,
-    live as long as the batch)."""
+    Writer: the Hub, which clears it after each batch (the messages live as long as it)."""
 
     def __init__(self) -> None:
-        self._frames: dict[int, tuple[Message, str]] = {}
+        self._made: dict[int, tuple[Any, Any]] = {}
 
-    def encode(self, msg: Message) -> str:
-        hit = self._frames.get(id(msg))
-        if hit is not None and hit[0] is msg:
-            return hit[1]
-        frame = encode(msg)
-        if isinstance(msg, (Hello, Snapshot)):  # the ones sent to many connections
-            self._frames[id(msg)] = (msg, frame)
-        return frame
+    def get(self, obj: Any, make: Callable[[Any], Any]) -> Any:
+        hit = self._made.get(id(obj))
+        if hit is None or hit[0] is not obj:
+            hit = self._made[id(obj)] = (obj, make(obj))
+        return hit[1]
 
     def clear(self) -> None:
-        self._frames.clear()
+        self._made.clear()
 
 
 @dataclass(eq=False)
@@ -75,12 +73,14 @@ class ClientConn(Sink):
     closing: bool = False
     steps_pending: bool = False  # a steps_since is being answered (one at a time)
     writer: asyncio.Task | None = field(default=None, repr=False)
-    frames: SharedFrames = field(default_factory=SharedFrames, repr=False)  # the hub's
-    in_flight: InFlight = field(default_factory=InFlight, repr=False)
+    frames: BatchMemo = field(default_factory=BatchMemo, repr=False)  # the hub's
+    in_flight: int = 0  # submits taken and not yet refused or finished (``inbound``)
     inbound: Inbound | None = field(default=None, repr=False)  # set by the hub
 
     def deliver(self, item: SinkItem) -> None:
-        self.in_flight.observe(item)
+        if (isinstance(item, Error) and item.op == Submit.type
+                or isinstance(item, RequestOutput) and item.finished):
+            self.in_flight -= 1  # a submit's verdict was a refusal, or its request ended
         if self.outbox.closed:
             return  # gone: its Detach is on its way to the engine thread
         if isinstance(item, RequestOutput):
@@ -97,21 +97,13 @@ class ClientConn(Sink):
         self.reply(hello)
         self.reply(snapshot)
 
-    def put_step(self, frame: str) -> bool:
-        """Queue an encoded step; False (and counted) when this client is too slow."""
-        if self.outbox.put_step(frame):
-            return True
-        self.metrics.dropped_steps.inc()
-        return False
-
     def reply(self, msg: Message) -> None:
         if isinstance(msg, Error):
             self.metrics.errors.labels(msg.code).inc()
         box = self.outbox
-        dropped = box.dropped_steps
-        ok = box.put_reply(self.frames.encode(msg), snapshot=isinstance(msg, Snapshot))
-        if box.dropped_steps > dropped:  # steps evicted to make room for the reply
-            self.metrics.dropped_steps.inc(box.dropped_steps - dropped)
+        shared = isinstance(msg, (Hello, Snapshot))  # the ones sent to many connections
+        ok = box.put_reply(self.frames.get(msg, encode) if shared else encode(msg),
+                           snapshot=isinstance(msg, Snapshot))
         if ok or self.closing or box.closed:
             return
         self.closing = True
