@@ -13,6 +13,7 @@ waiting. Why a process, how a dead child and a stop are handled: docs/architectu
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -22,8 +23,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from engine.engine_core import messages as m
-from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
-from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.engine_core.messages import CoreInfo
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -100,32 +100,18 @@ class ProcessClient:
             m.raise_failure(answer.failure)
         return m.decode(answer.value, m.CALLS[name][1])
 
-    def add_request(self, request: EngineCoreRequest) -> list[str]:
-        return self._call("add_request", request)
-
-    def abort_requests(self, request_ids: list[str]) -> None:
-        self._call("abort_requests", request_ids)
-
-    def step(self, stop_ids: list[str], summary: bool) -> CoreStep:
-        return self._call("step", stop_ids, summary)
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """The core's calls, as ``EngineCore`` names them (``messages.CALLS``: add_request,
+        abort_requests, step, reset_prefix_cache, snapshot, stats, restart), each a ``_call``."""
+        if name not in m.CALLS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return functools.partial(self._call, name)
 
     def has_unfinished_requests(self) -> bool:
         return self._unfinished
 
     def has_pending_events(self) -> bool:
         return self._pending
-
-    def reset_prefix_cache(self) -> int:
-        return self._call("reset_prefix_cache")
-
-    def snapshot(self) -> PoolSnapshot:
-        return self._call("snapshot")
-
-    def stats(self) -> dict:
-        return self._call("stats")
-
-    def restart(self, options: dict[str, Any]) -> CoreStep | None:
-        return self._call("restart", options)  # the answer brings the new core's info
 
     def alive(self) -> bool:
         return self.process.poll() is None
