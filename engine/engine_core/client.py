@@ -1,14 +1,8 @@
-"""The engine's two ways to reach its core: in this process, or in a child of its own.
-
-vLLM's core clients (``vllm/v1/engine/core_client.py``). Both have the same calls and
-answer them the same way; the engine (``engine.llm_engine``) cannot tell them apart: in
-this process the ``EngineCore`` itself is the client; ``ProcessClient`` runs it in a
-child (``python -m engine.engine_core.process``, a fresh interpreter started by
-``subprocess``: it never re-imports the parent's ``__main__`` and needs no resource
-tracker). Each call is one msgpack ``(name, args)`` over a socket and one answer
-(``engine.engine_core.messages``), which also says whether the core has work or events
-waiting. Why a process, how a dead child and a stop are handled: docs/architecture.md,
-"Two processes: the engine and its core".
+"""``ProcessClient``: the core in a child of its own (in this process the ``EngineCore``
+is its own client). The calls, their wire, why a process and how a dead child and a stop
+are handled: docs/architecture.md, "Two processes: the engine and its core". The child is
+a fresh interpreter started by ``subprocess``: it never re-imports the parent's
+``__main__`` and needs no resource tracker.
 """
 
 from __future__ import annotations
