@@ -19,7 +19,6 @@ import streamlit as st
 from engine import envs
 from engine.client import LiveConnection
 from engine.events.schema.step import StepRecord
-from engine.protocol.handshake import TOKEN_ENV
 
 from dashboard.live_feed import LiveFeed
 from dashboard.server_process import ServerProcess, probe_health

@@ -11,18 +11,16 @@ import json
 import logging
 import sys
 
-from engine.core.sampling_params import CLI_TEMPERATURE_HELP
+from engine.core.sampling_params import add_sampling_args
 from engine.engine_args import add_engine_args, engine_kwargs
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine import LLM, SamplingParams
-    from engine.core.sampling_params import cli_temperature
+    from engine.core.sampling_params import sampling_args
 
     llm = LLM(**engine_kwargs(args))
-    params = SamplingParams(temperature=cli_temperature(args.temperature, args.n), top_p=args.top_p,
-                            max_tokens=args.max_tokens,
-                            n=args.n, seed=args.sampling_seed, stop=args.stop or [])
+    params = SamplingParams(**sampling_args(args))
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params)
     else:
@@ -45,13 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(g)
     g.add_argument("prompts", nargs="+")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user chat message")
-    g.add_argument("--temperature", type=float, default=None,
-                   help=CLI_TEMPERATURE_HELP)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--n", type=int, default=1)
-    g.add_argument("--sampling-seed", type=int, default=None)
-    g.add_argument("--stop", action="append")
+    add_sampling_args(g, seed_flag="--sampling-seed")
     g.set_defaults(func=cmd_generate)
 
     # Imported here, not at the top: each subsystem's commands module is light, but

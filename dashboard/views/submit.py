@@ -7,7 +7,7 @@ import streamlit as st
 
 from engine import envs
 from engine.client import ServerError
-from engine.openai.snippets import TOKEN_ENV, curl_snippet, python_snippet
+from engine.openai.snippets import curl_snippet, python_snippet
 
 from dashboard.connection import attached, connection, feed, settings
 from dashboard.engine_actions import abort_everything

@@ -91,7 +91,6 @@ def options_from_args(args: argparse.Namespace) -> Any:
     from engine.attach.server import AttachOptions
     from engine.core.errors import ConfigError
     from engine.attach.tokenizer_file import resolve_tokenizer_file
-    from engine.protocol.handshake import TOKEN_ENV
 
     if not args.pods:
         raise ConfigError("give at least one pod: --kv-events ENDPOINT or --sglang URL")

@@ -25,11 +25,10 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from engine.client.connect import (
-    DEFAULT_URL, ClientOps, ServerError, call_key, open_connection, reply_key,
+    DEFAULT_URL, ClientOps, ServerError, call_key, decode_frame, open_connection, reply_key,
 )
 from engine.events.schema.step import StepRecord
-from engine.protocol.codec import decode_message, encode
-from engine.protocol.errors import ErrorCode, ProtocolError
+from engine.protocol.codec import encode
 from engine.protocol.messages import Error, Finished, Hello, Message, Output, Snapshot, Step
 from engine.protocol.ops import Op, Ping, TakeSnapshot
 
@@ -153,12 +152,7 @@ class KVScopeClient(ClientOps):
 
     def _recv(self, timeout: float) -> Message | None:
         """The next message (None for a frame that is not one, kept in ``errors``)."""
-        raw = self._conn().recv(timeout=timeout)
-        try:
-            return decode_message(raw)
-        except ProtocolError as exc:
-            self.errors.append(Error(ErrorCode.BAD_JSON, f"undecodable server frame: {exc.message}"))
-            return None
+        return decode_frame(self._conn().recv(timeout=timeout), self.errors)
 
     def _call(self, op: Op, timeout: float | None = None) -> Any:
         self._send(op)

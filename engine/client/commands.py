@@ -9,38 +9,27 @@ import argparse
 import sys
 
 from engine import envs
-from engine.core.sampling_params import CLI_TEMPERATURE_HELP, cli_temperature
-from engine.protocol.handshake import TOKEN_ENV
+from engine.core.sampling_params import add_sampling_args, sampling_args
 
 
 def add_client_subcommands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="send one prompt to a running server and stream the answer")
     p.add_argument("prompt")
     p.add_argument("--url", default="ws://127.0.0.1:8765")
-    p.add_argument("--token", default=None, help=f"server token (default ${TOKEN_ENV})")
+    p.add_argument("--token", default=None, help=f"server token (default ${envs.TOKEN.name})")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
-    p.add_argument("--n", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=None,
-                   help=CLI_TEMPERATURE_HELP)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append")
+    add_sampling_args(p)
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a starting server")
     p.add_argument("--json", action="store_true", help="print the finished message as JSON")
     p.set_defaults(func=cmd_submit)
 
 
-def _figure(v: object, unit: str = "") -> str:
-    return "-" if v is None else (f"{v:.3f}{unit}" if isinstance(v, float) else f"{v}{unit}")
-
-
 def cmd_submit(args: argparse.Namespace) -> int:
     from engine.client import KVScopeClient, ServerError
     from engine.protocol import Finished, Output, encode
+    from engine.store.commands import fmt_figure
 
-    params = {"n": args.n, "temperature": cli_temperature(args.temperature, args.n), "top_p": args.top_p,
-              "max_tokens": args.max_tokens, "seed": args.seed, "stop": args.stop or []}
+    params = sampling_args(args)
     kwargs = ({"messages": [{"role": "user", "content": args.prompt}]} if args.chat
               else {"prompt": args.prompt})
     client = KVScopeClient(args.url, token=args.token or envs.TOKEN.get())
@@ -71,5 +60,5 @@ def cmd_submit(args: argparse.Namespace) -> int:
     reasons = ",".join(str(o["finish_reason"]) for o in finished.outputs)
     print(f"--- {rid}: finish={reasons} prompt_tokens={m.get('num_prompt_tokens')} "
           f"cached_tokens={m.get('num_cached_tokens')} output_tokens={m.get('num_output_tokens')} "
-          f"ttft={_figure(m.get('ttft'), 's')} e2e={_figure(m.get('e2e'), 's')}")
+          f"ttft={fmt_figure(m.get('ttft'), 's')} e2e={fmt_figure(m.get('e2e'), 's')}")
     return 0

@@ -15,13 +15,15 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import MutableSequence
 from typing import Any
 
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from engine.events.schema.step import StepRecord
-from engine.protocol.errors import ProtocolError
+from engine.protocol.codec import decode_message
+from engine.protocol.errors import ErrorCode, ProtocolError
 from engine.protocol.handshake import auth_headers
 from engine.protocol.messages import Accepted, Error, Message, Ok, Pong, Snapshot, Steps
 from engine.protocol.ops import (
@@ -84,6 +86,15 @@ def open_connection(url: str, token: str | None, timeout: float, wait: float = 0
                 time.sleep(0.2)
                 continue
             raise
+
+
+def decode_frame(raw: str | bytes, errors: MutableSequence[Error]) -> Message | None:
+    """A server frame as its message, or None for one that is not (filed in ``errors``)."""
+    try:
+        return decode_message(raw)
+    except ProtocolError as exc:
+        errors.append(Error(ErrorCode.BAD_JSON, f"undecodable server frame: {exc.message}"))
+        return None
 
 
 def call_key(op: Op) -> str:

@@ -23,11 +23,10 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from engine.client.connect import (
-    DEFAULT_URL, ClientOps, ServerError, call_key, open_connection, reply_key,
+    DEFAULT_URL, ClientOps, ServerError, call_key, decode_frame, open_connection, reply_key,
 )
-from engine.client.live_state import LinkNote, LinkStatus, LiveState, LiveView, SubmittedRequest
-from engine.protocol.codec import decode_message, encode
-from engine.protocol.errors import ProtocolError
+from engine.client.live_state import LinkStatus, LiveState, LiveView, SubmittedRequest
+from engine.protocol.codec import encode
 from engine.protocol.messages import Error, Message
 from engine.protocol.ops import Op, Submit, TakeSnapshot
 
@@ -134,7 +133,7 @@ class LiveConnection(ClientOps):
         with self._changed:
             self._live.status = status
             if error:
-                self._live.errors.append(LinkNote("connection", error))
+                self._live.errors.append(Error("connection", error))
             self._changed.notify_all()
 
     def _run(self) -> None:
@@ -168,10 +167,8 @@ class LiveConnection(ClientOps):
             except TimeoutError:
                 continue
             with self._changed:
-                try:
-                    msg = decode_message(raw)
-                except ProtocolError as exc:  # not a message: note it, the state is intact
-                    self._live.errors.append(LinkNote("bad_message", exc.message))
+                msg = decode_frame(raw, self._live.errors)
+                if msg is None:  # not a message: noted, the state is intact
                     continue
                 try:
                     ask = self._live.apply(msg)

@@ -14,7 +14,6 @@ restart) clears the history.
 from __future__ import annotations
 
 import enum
-import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,16 +36,6 @@ class LinkStatus(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class LinkNote:
-    """Something that happened to this client's view: a ``resync``, a ``connection``
-    fault, or a ``bad_message`` it could not decode."""
-
-    kind: str
-    message: str
-    ts: float = field(default_factory=time.time)
-
-
-@dataclass(frozen=True, slots=True)
 class LiveView:
     """What the server looks like right now, as this connection knows it."""
 
@@ -59,7 +48,9 @@ class LiveView:
     metrics: dict[str, Any] | None  # latest step's metrics
     metrics_history: list[dict[str, Any]]  # oldest first, bounded
     recent_steps: list[StepRecord]  # oldest first, bounded
-    errors: list[Error | LinkNote]  # recent error messages, resyncs, connection faults
+    # recent error messages that name no request, and this client's own notes as errors:
+    # ``resync`` (why), ``connection`` (a fault), ``bad_json`` (an undecodable frame)
+    errors: list[Error]
     num_gaps: int  # times a seq gap forced a resync
 
 
@@ -90,7 +81,7 @@ class LiveState:
         self.metrics: dict[str, Any] | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=history)
         self.recent: deque[StepRecord] = deque(maxlen=recent_steps)
-        self.errors: deque[Error | LinkNote] = deque(maxlen=50)
+        self.errors: deque[Error] = deque(maxlen=50)
         self.gaps = 0
         self.max_requests = max_requests
         self.requests: OrderedDict[str, SubmittedRequest] = OrderedDict()
@@ -178,7 +169,7 @@ class LiveState:
         """Stop folding until a snapshot arrives (the state stays valid as of ``seq``)."""
         self.resyncing, self._asked = True, False
         self.status = LinkStatus.RESYNCING
-        self.errors.append(LinkNote("resync", why))
+        self.errors.append(Error("resync", why))
 
     def drift(self, why: str) -> None:
         """Like ``resync``, but the state may be half-applied: drop it."""

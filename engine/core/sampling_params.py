@@ -5,8 +5,10 @@ Also the one definition of "greedy" (``is_greedy``): the sampler asks it too.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.core.errors import SamplingParamsError
 
@@ -22,16 +24,24 @@ MAX_LOGPROBS = 20  # alternatives per token (vLLM's default --max-logprobs)
 MAX_TOKENS_LIMIT = 1 << 20  # above any max_model_len one kvscope machine holds; bounds every count
 
 
-CLI_TEMPERATURE_HELP = ("sampling temperature (default: 0, greedy, for one sample; 1.0 when "
+def add_sampling_args(p: argparse.ArgumentParser, seed_flag: str = "--seed") -> None:
+    """The sampling flags of ``kvscope generate`` and ``kvscope submit`` (``sampling_args``
+    reads them); ``generate`` names its seed ``--sampling-seed`` (``--seed`` is the engine's)."""
+    p.add_argument("--n", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: 0, greedy, for one sample; 1.0 when "
                         "--n > 1, since greedy samples of one prompt are all the same)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(seed_flag, dest="sampling_seed", type=int, default=None)
+    p.add_argument("--stop", action="append")
 
 
-def cli_temperature(temperature: float | None, n: int) -> float:
-    """The temperature a command line uses: the one given, else greedy (0) for one sample
-    and 1.0 for ``n > 1``, since ``n`` greedy samples of one prompt are all the same."""
-    if temperature is not None:
-        return temperature
-    return 1.0 if n > 1 else 0.0
+def sampling_args(args: argparse.Namespace) -> dict[str, Any]:
+    """SamplingParams' fields from ``add_sampling_args``' flags (the temperature as its help says)."""
+    temperature = args.temperature if args.temperature is not None else 1.0 if args.n > 1 else 0.0
+    return {"n": args.n, "temperature": temperature, "top_p": args.top_p, "max_tokens": args.max_tokens,
+            "seed": args.sampling_seed, "stop": args.stop or []}
 
 
 def is_greedy(temperature: float) -> bool:

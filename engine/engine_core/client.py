@@ -1,18 +1,13 @@
-"""The engine's two ways to reach its core: in this process, or in a child of its own.
-
-vLLM's core clients (``vllm/v1/engine/core_client.py``). Both have the same calls and
-answer them the same way; the engine (``engine.llm_engine``) cannot tell them apart: in
-this process the ``EngineCore`` itself is the client; ``ProcessClient`` runs it in a
-child (``python -m engine.engine_core.process``, a fresh interpreter started by
-``subprocess``: it never re-imports the parent's ``__main__`` and needs no resource
-tracker). Each call is one msgpack ``(name, args)`` over a socket and one answer
-(``engine.engine_core.messages``), which also says whether the core has work or events
-waiting. Why a process, how a dead child and a stop are handled: docs/architecture.md,
-"Two processes: the engine and its core".
+"""``ProcessClient``: the core in a child of its own (in this process the ``EngineCore``
+is its own client). The calls, their wire, why a process and how a dead child and a stop
+are handled: docs/architecture.md, "Two processes: the engine and its core". The child is
+a fresh interpreter started by ``subprocess``: it never re-imports the parent's
+``__main__`` and needs no resource tracker.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -22,8 +17,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from engine.engine_core import messages as m
-from engine.engine_core.messages import CoreInfo, CoreStep, EngineCoreRequest
-from engine.events.folds.pool_snapshot import PoolSnapshot
+from engine.engine_core.messages import CoreInfo
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -100,32 +94,18 @@ class ProcessClient:
             m.raise_failure(answer.failure)
         return m.decode(answer.value, m.CALLS[name][1])
 
-    def add_request(self, request: EngineCoreRequest) -> list[str]:
-        return self._call("add_request", request)
-
-    def abort_requests(self, request_ids: list[str]) -> None:
-        self._call("abort_requests", request_ids)
-
-    def step(self, stop_ids: list[str], summary: bool) -> CoreStep:
-        return self._call("step", stop_ids, summary)
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """The core's calls, as ``EngineCore`` names them (``messages.CALLS``: add_request,
+        abort_requests, step, reset_prefix_cache, snapshot, stats, restart), each a ``_call``."""
+        if name not in m.CALLS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return functools.partial(self._call, name)
 
     def has_unfinished_requests(self) -> bool:
         return self._unfinished
 
     def has_pending_events(self) -> bool:
         return self._pending
-
-    def reset_prefix_cache(self) -> int:
-        return self._call("reset_prefix_cache")
-
-    def snapshot(self) -> PoolSnapshot:
-        return self._call("snapshot")
-
-    def stats(self) -> dict:
-        return self._call("stats")
-
-    def restart(self, options: dict[str, Any]) -> CoreStep | None:
-        return self._call("restart", options)  # the answer brings the new core's info
 
     def alive(self) -> bool:
         return self.process.poll() is None

@@ -7,13 +7,13 @@ printing it.
 
 from __future__ import annotations
 
-from engine.protocol.handshake import TOKEN_ENV
+from engine import envs
 
-__all__ = ["TOKEN_ENV", "curl_snippet", "python_snippet"]
+__all__ = ["curl_snippet", "python_snippet"]
 
 
 def python_snippet(base_url: str, model: str, token: bool = False) -> str:
-    key = f'os.environ["{TOKEN_ENV}"]' if token else '"unused"'
+    key = f'os.environ["{envs.TOKEN.name}"]' if token else '"unused"'
     imports = "import os\n\n" if token else ""
     return (f"{imports}from openai import OpenAI\n\n"
             f'client = OpenAI(base_url="{base_url}", api_key={key})\n'
@@ -31,7 +31,7 @@ def python_snippet(base_url: str, model: str, token: bool = False) -> str:
 
 
 def curl_snippet(base_url: str, model: str, token: bool = False) -> str:
-    auth = f' -H "Authorization: Bearer ${TOKEN_ENV}"' if token else ""
+    auth = f' -H "Authorization: Bearer ${envs.TOKEN.name}"' if token else ""
     body = (f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], '
             f'"max_tokens": 32}}')
     return (f"curl -s {base_url}/chat/completions -H 'Content-Type: application/json'{auth} \\\n"

@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-TOKEN_ENV = "KVSCOPE_TOKEN"  # where servers and clients read the token from
-
 
 def auth_headers(token: str | None) -> dict[str, str] | None:
     """The handshake headers that present ``token`` (None: no token)."""

@@ -5,11 +5,8 @@ and model) runs in this process or, as ``kvscope serve`` runs it
 (``EngineConfig.engine_core_process``), in a process of its own, so that no client's
 traffic holds its GIL and this process never imports torch (``engine.engine_core``).
 
-The port answers the websocket protocol v2 (the dashboard, ``kvscope submit``),
-``/healthz``, ``/metrics`` and the OpenAI API (``/v1/models``, ``/v1/completions``,
-``/v1/chat/completions``, ``/reset_prefix_cache``; ``api.api_routes``). Both doors are
-sinks of the engine thread's mailbox (a websocket connection, an API call): they
-send protocol ops, and ``Hub.deliver`` hands each answer to its sink, whichever door.
+The port's routes and how both front doors reach the engine thread's mailbox:
+docs/architecture.md, "Front doors".
 
 The port is bound at once and the model loads in the background (``/healthz``
 says ``loading``; websocket handshakes and API calls get 503 until it is ready).

@@ -17,7 +17,6 @@ from engine import envs
 from engine.engine_args import add_engine_args, engine_kwargs
 from engine.server.api.client_quota import DEFAULT_MAX_API_IN_FLIGHT
 from engine.server.websocket.frame_rate import BYTES_PER_S, FRAME_BURST, FRAMES_PER_S
-from engine.server.port.security import TOKEN_ENV
 
 # Where serve's engine defaults differ from the library's (EngineConfig), and why; the one
 # list, printed at every start (``serve_differences``). A server is shared: no client
@@ -60,7 +59,7 @@ def add_server_subcommands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(**{name: value for name, (value, _) in SERVE_DEFAULTS.items()})
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
-                   help=f"bind address; anything but loopback needs --allow-remote and {TOKEN_ENV}")
+                   help=f"bind address; anything but loopback needs --allow-remote and {envs.TOKEN.name}")
     g.add_argument("--port", type=int, default=8765, help="0 picks a free port (printed on start)")
     g.add_argument("--db", default=None, help="SQLite file for the recording (default $KVSCOPE_DB "
                                               "or data/runs.sqlite)")
@@ -70,7 +69,7 @@ def add_server_subcommands(sub: argparse._SubParsersAction) -> None:
                    help="the model name(s) the API answers to, as in vLLM; the first one is the "
                         "model_name label of /metrics (default: --model)")
     g.add_argument("--allow-remote", action="store_true",
-                   help=f"allow a non-loopback --host (clients must present {TOKEN_ENV})")
+                   help=f"allow a non-loopback --host (clients must present {envs.TOKEN.name})")
     add_allowed_host_arg(g)
     g.add_argument("--max-queue", type=int, default=256,
                    help="bound of the engine's waiting queue (0 = unbounded); more gives queue_full")

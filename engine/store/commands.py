@@ -26,10 +26,9 @@ def _fmt_time(ts: float | None) -> str:
     return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def _fmt_metric(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return "-" if v is None else str(v)
+def fmt_figure(v: Any, unit: str = "") -> str:
+    """A figure as the CLI prints it (``kvscope replay``, ``kvscope submit``): ``-`` when absent."""
+    return "-" if v is None else (f"{v:.3f}{unit}" if isinstance(v, float) else f"{v}{unit}")
 
 
 def format_runs(runs: list[dict[str, Any]]) -> str:
@@ -154,7 +153,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(render_hash_cache(snap))
     else:
         print(render_snapshot(snap, width=getattr(args, "width", None) or 32))
-    shown = [f"{k} {_fmt_metric(metrics[k])}" for k in _METRICS_SHOWN if k in metrics]
+    shown = [f"{k} {fmt_figure(metrics[k])}" for k in _METRICS_SHOWN if k in metrics]
     if shown:
         print("\nmetrics: " + " | ".join(shown))
     for loss in losses:  # the state shown is before the first of these (state_at refuses past it)

@@ -1,19 +1,13 @@
 """ApiDesk and Exchange: HTTP API calls as sinks of the engine thread's mailbox (loop thread).
 
-An API call is an ``Exchange``: a ``Sink`` (``engine.server.worker.sink``) of source
-``openai``. Its ``Submit`` ops go the websocket door's way (``Hub.prepare`` in the hub's
-worker pool, then ``Hub.post`` as ``Prepared``); the engine thread's answers come back
-through ``deliver``. When the call ends for any reason (answered, client gone, error)
-the desk sends ``Detach``, which aborts whatever of it is still live; it queues behind
-the exchange's own Submits (the mailbox is FIFO), so even a request still in the queue
-cannot outlive its caller.
-
-Outputs are coalesced per request while the handler is busy (a slow reader gets
-bigger deltas, not a growing queue): memory per exchange stays bounded by its
-requests' own outputs. Coalescing keeps the latest RequestOutput of a request and
-joins the deltas in between; reading the latest is safe after the engine moved on
-(``engine.outputs``: a sample's token ids and logprobs only grow, and the Assembler
-slices them by position).
+An API call is an ``Exchange``, a ``Sink`` of source ``openai``. How its Submits reach
+the engine thread (the websocket door's way), how its outputs are coalesced and how its
+end aborts what is still live (``Detach``, queued behind its own Submits in the FIFO
+mailbox, so not even a queued request outlives its caller): docs/architecture.md, "Front
+doors" (OpenAI HTTP). Coalescing keeps the latest RequestOutput of a request and joins
+the deltas in between, so memory per exchange stays bounded by its requests' own
+outputs; reading the latest is safe after the engine moved on (``engine.outputs``: a
+sample's token ids and logprobs only grow, and the Assembler slices them by position).
 
 Writer: the loop thread only (``Hub.deliver`` calls ``Exchange.deliver``; the route
 handlers call the rest).

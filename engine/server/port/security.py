@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
-from engine.protocol.handshake import TOKEN_ENV
+from engine import envs
 
 LOCAL_ORIGIN = re.compile(r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?")
 
@@ -58,12 +58,12 @@ def check_bind(host: str, allow_remote: bool, token: str | None) -> None:
         return
     if not allow_remote:
         raise BindRefused(f"refusing to bind {host!r}: the server is for this machine by default. "
-                          f"To accept remote clients pass --allow-remote and set {TOKEN_ENV}.")
+                          f"To accept remote clients pass --allow-remote and set {envs.TOKEN.name}.")
     if not token:
         raise BindRefused(f"refusing to bind {host!r} with --allow-remote but no token: set "
-                          f"{TOKEN_ENV} to a secret every client must present.")
+                          f"{envs.TOKEN.name} to a secret every client must present.")
     if len(token) < 16:
-        raise BindRefused(f"{TOKEN_ENV} is too short for a network-facing server (use >= 16 characters)")
+        raise BindRefused(f"{envs.TOKEN.name} is too short for a network-facing server (use >= 16 characters)")
 
 
 def check_allowed_hosts(names) -> tuple[str, ...]:

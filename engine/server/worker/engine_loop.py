@@ -10,10 +10,8 @@ requests or events not yet published), and hand the results to the event loop as
 batch of deliveries per iteration.
 
 Snapshots are taken only when no events are pending, so ``snapshot.seq`` is exact: the
-state equals the fold of every step message up to ``seq`` and none after. A core in a
-process of its own that dies ends this thread: the board says ``error`` with its exit
-code, the run is finished and the API answers 503 (``alive``; an idle worker looks every
-``IDLE_CHECK_S``).
+state equals the fold of every step message up to ``seq`` and none after. A core process
+that dies ends this thread (docs/architecture.md, "Two processes").
 
 Writer of: the engine, the RequestBook, the run in the recorder and the health board.
 Past 300 lines on purpose: it is one thread's loop, and its commands, restart and shutdown

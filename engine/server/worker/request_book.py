@@ -18,7 +18,6 @@ Writer: the engine thread only (no locks).
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,15 +44,13 @@ class RequestBook:
         self._owned: dict[str, Owned] = {}
         self._in_flight: dict[int, int] = {}  # sink id -> live requests (ids: no hashing of sinks)
         self.remember = remember
-        self._used: set[str] = set()  # the last ``remember`` ids admitted this run ...
-        self._order: deque[str] = deque()  # ... oldest first
+        self._used: dict[str, None] = {}  # the last ``remember`` ids admitted this run, oldest first
         self._next = 0
 
     def new_run(self) -> None:
         """A new run (restart): ids may be used again. Live requests must be gone."""
         assert not self._owned, "requests outlived their run"
         self._used.clear()
-        self._order.clear()
 
     def name(self, sink: Sink) -> str:
         """A fresh id for a request submitted without one."""
@@ -74,10 +71,9 @@ class RequestBook:
         return None
 
     def add(self, rid: str, sink: Sink, params: dict[str, Any]) -> None:
-        self._used.add(rid)
-        self._order.append(rid)
-        if len(self._order) > self.remember:  # forget the oldest (a live one stays refused: _owned)
-            self._used.discard(self._order.popleft())
+        self._used[rid] = None
+        if len(self._used) > self.remember:  # forget the oldest (a live one stays refused: _owned)
+            del self._used[next(iter(self._used))]
         self._owned[rid] = Owned(sink, params)
         self._in_flight[sink.id] = self._in_flight.get(sink.id, 0) + 1
 

@@ -1,13 +1,9 @@
 """Sink: where the engine thread's answers for one front-door client go.
 
-The seam between the engine thread and every front door (docs/architecture.md, "Front
-doors"): a sink, its ``id`` from ``Mailbox.new_sink_id()``, sends protocol ops with
-``mailbox.send(sink, op)`` and gets each answer, in the order the engine made them, as
-``sink.deliver(item)`` on the event-loop thread. ``item`` is:
+The seam between the engine thread and every front door, and what a sink gets for a
+``Submit``: docs/architecture.md, "Front doors". For the other ops ``sink.deliver(item)``
+gets (on the event-loop thread, in the order the engine made them):
 
-- for a ``Submit``: ``Accepted`` or ``Error`` (with the request id), then a
-  ``RequestOutput`` for every step in which the request made progress (``deltas``: new
-  text and tokens per sample); the last has ``finished`` set (also after an ``Abort``);
 - ``Ok`` for ``ResetPrefixCache`` (``num_blocks_reset``), ``AbortAll`` (``num_aborted``)
   and ``Restart``; ``Error`` for a refused op;
 - ``Hello`` and ``Snapshot`` for ``Attach`` and ``TakeSnapshot`` (subscribers).
