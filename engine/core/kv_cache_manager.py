@@ -9,6 +9,9 @@ counting lookups, hits and evictions is the EventLog's (``EventCounts``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_not
 
 from engine.core.block_pool import Block, BlockPool
 from engine.core.config import CacheConfig
@@ -21,12 +24,17 @@ from engine.events.schema.types import (
     RequestForked,
 )
 
+_is_block = partial(is_not, None)  # a pool map hit (takewhile's test, in C)
+
 
 @dataclass(slots=True)
 class PrefixMatch:
     """Result of a side-effect-free prefix lookup; misses in tokens, by cause.
 
-    ``resumed``: the request was preempted before (its lookup is counted apart)."""
+    ``resumed``: the request was preempted before (its lookup is counted apart).
+    ``classified``: the miss causes are filled in; a lookup for admission leaves them to
+    ``allocate_slots``, which fills them only when the admission goes ahead (before it
+    changes anything), so a head of line that does not fit costs no classification."""
 
     blocks: list[Block] = field(default_factory=list)
     num_tokens: int = 0
@@ -36,6 +44,8 @@ class PrefixMatch:
     miss_partial: int = 0
     miss_disabled: int = 0
     resumed: bool = False
+    classified: bool = True
+    hashes: list[str] | None = None  # the lookup's block hashes, while not classified
 
 
 class KVCacheManager:
@@ -66,8 +76,9 @@ class KVCacheManager:
 
     # ---- lookup -------------------------------------------------------------
 
-    def lookup(self, req: Request) -> PrefixMatch:
-        """Longest cached run of full blocks, never covering the last token."""
+    def lookup(self, req: Request, classify: bool = True) -> PrefixMatch:
+        """Longest cached run of full blocks, never covering the last token. With
+        ``classify=False`` the miss causes wait for ``allocate_slots`` (``PrefixMatch``)."""
         n, bs = req.num_tokens, self.block_size
         resumed = req.num_preemptions > 0  # as vLLM's PrefixCacheStats.record(preempted=)
         # vLLM reads no hit for a request that wants prompt logprobs (it needs every
@@ -76,17 +87,18 @@ class KVCacheManager:
             return PrefixMatch(num_query_tokens=n, miss_disabled=n, resumed=resumed)
         hashes = self.hasher.full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
         max_blocks = (n - 1) // bs  # the last token's logits are needed
-        m = PrefixMatch(num_query_tokens=n, resumed=resumed)
-        cached, hit = self.pool.cached, m.blocks
-        for i in range(min(max_blocks, len(hashes))):
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            hit.append(b)
-        m.num_tokens = len(hit) * bs
-        m.miss_cold, m.miss_evicted, m.miss_partial = self.misses.classify(
-            req.token_ids, hashes, len(m.blocks), self.pool.cached)
+        # the head run of hits, in C: map stops being read at the first miss
+        hit = list(takewhile(_is_block, map(self.pool.cached.get, islice(hashes, max_blocks))))
+        m = PrefixMatch(hit, len(hit) * bs, n, resumed=resumed, classified=False, hashes=hashes)
+        if classify:
+            self._classify(req, m)
         return m
+
+    def _classify(self, req: Request, m: PrefixMatch) -> None:
+        """Fill in ``m``'s miss causes (the pool as it was at the lookup: nothing between)."""
+        m.miss_cold, m.miss_evicted, m.miss_partial = self.misses.classify(
+            req.token_ids, m.hashes, len(m.blocks), self.pool.cached)
+        m.classified, m.hashes = True, None
 
     # ---- allocation ---------------------------------------------------------
 
@@ -123,6 +135,8 @@ class KVCacheManager:
         table = self.tables.setdefault(rid, [])
         before = len(table)
         assert not table, f"{rid} admitted with a non-empty table"
+        if not match.classified:
+            self._classify(req, match)
         self.log.add(PrefixLookup(step, rid, match.num_query_tokens, match.num_tokens,
                                   match.miss_cold, match.miss_evicted, match.miss_partial,
                                   match.miss_disabled, match.resumed))

@@ -48,9 +48,17 @@ from engine.events.schema.types import (
 )
 
 
+_NO_RUNNER: list[int] = []  # block_table and slot_mapping when no runner reads them (never written)
+
+
 class Scheduler:
-    def __init__(self, sched: SchedulerConfig, cache: CacheConfig, log: EventLog | None = None) -> None:
+    def __init__(self, sched: SchedulerConfig, cache: CacheConfig, log: EventLog | None = None,
+                 runner_inputs: bool = True) -> None:
+        """``runner_inputs=False``: no model runner reads the step (``kvscope simulate``), so
+        each ``ScheduledRequest``'s ``block_table`` and ``slot_mapping`` are left empty
+        rather than built for every scheduled request of every step."""
         check_capacity(cache, sched)
+        self.runner_inputs = runner_inputs
         self.config = sched
         self.cache_config = cache
         self.log = log or EventLog()
@@ -180,7 +188,7 @@ class Scheduler:
                     break  # every waiting client's share is spent: the rest would all be skipped
                 continue  # its client's share is spent; another client's may not be
             room = budget if shares is None else min(budget, shares.tokens[req.client])
-            match = self.kv.lookup(req)
+            match = self.kv.lookup(req, classify=False)  # classified if admitted
             n = req.num_tokens - match.num_tokens
             if not self.config.enable_chunked_prefill and n > room:
                 if room < budget:
@@ -230,10 +238,12 @@ class Scheduler:
         first, targets = max(start, req.num_prompt_logprobs), ()
         if req.params.prompt_logprobs is not None and req.sample_index == 0:
             targets = tuple(req.prompt_token_ids[first + 1:min(end, req.num_prompt_tokens - 1) + 1])
-        return ScheduledRequest(req.request_id, req.token_ids[start:end], start,
-                                self.kv.block_ids(req.request_id),
-                                self.kv.slot_mapping(req, start, end), sample_ids, phase,
-                                targets, first)
+        if self.runner_inputs:
+            table, slots = self.kv.block_ids(req.request_id), self.kv.slot_mapping(req, start, end)
+        else:
+            table = slots = _NO_RUNNER
+        return ScheduledRequest(req.request_id, req.token_ids[start:end], start, table, slots,
+                                sample_ids, phase, targets, first)
 
     # ---- the order requests are served in (SchedulerConfig.policy) ----------
 
@@ -270,7 +280,7 @@ class Scheduler:
             if held[victim.client] - 1 <= cand_rank:
                 break  # nobody holds more than cand's client would: fair already
             short_seat = len(self.running) >= self.config.max_num_seqs
-            match = self.kv.lookup(cand)  # pure: admission looks again, and records that one
+            match = self.kv.lookup(cand, classify=False)  # pure: admission looks again, and records that one
             first_chunk = max(1, min(cand.num_tokens - match.num_tokens, budget))
             short_blocks = self.kv.blocks_needed(cand, first_chunk, match) > self.kv.pool.num_free
             if not (short_seat or short_blocks):
@@ -299,60 +309,72 @@ class Scheduler:
         Returns one entry per scheduled request (fork children included).
         """
         self.kv.step_computed()
-        step = self.log.step
+        log = self.log
+        step, keep = log.step, log.enabled
+        requests, sampled = self.requests, model_output.sampled
         outputs: list[EngineCoreOutput] = []
+        append_output = outputs.append
         finished: list[Request] = []
+        num_sampled = 0  # request_progress tokens, counted once for the step when not kept
         for s in out.scheduled:
-            req = self.requests.get(s.request_id)
+            req = requests.get(s.request_id)
             if req is None:  # aborted between schedule and update
                 continue
-            req.num_computed_tokens += s.num_new_tokens
+            req.num_computed_tokens += len(s.token_ids)
             plp = model_output.prompt_logprobs.get(req.request_id) if s.prompt_logprob_targets else None
             if plp is not None:
                 req.num_prompt_logprobs = s.prompt_logprobs_from + len(plp)
-            if not s.sample_ids:
+            sample_ids = s.sample_ids
+            if not sample_ids:
                 self._progress(step, req, ())
-                outputs.append(self._core_output(req, None, plp))
+                append_output(self._core_output(req, None, plp))
                 continue
             samples = [req]
-            if s.num_samples > 1:
+            if len(sample_ids) > 1:
                 req.forked = True
-                for k, cid in enumerate(s.sample_ids[1:], start=1):
+                for k, cid in enumerate(sample_ids[1:], start=1):
                     child = req.fork(k)
                     assert child.request_id == cid, (child.request_id, cid)
-                    self.requests[cid] = child
+                    requests[cid] = child
                     self.kv.fork(req, child)
                     bisect.insort(self.running, child, key=lambda r: r.sort_key)
                     samples.append(child)
             for r in samples:
-                tok = model_output.sampled[r.request_id]
-                r.append_output_token(tok.token_id)
-                self._progress(step, r, (tok.token_id,))
-                if self._check_stop(r, tok.token_id):
+                tok = sampled[r.request_id]
+                tid = tok.token_id
+                r.append_output_token(tid)
+                if keep:
+                    self._progress(step, r, (tid,))
+                else:
+                    num_sampled += 1
+                done = self._check_stop(r, tid)
+                if done:
                     finished.append(r)
-                outputs.append(self._core_output(r, tok, plp if r is req else None))
+                append_output(self._core_output(r, tok, plp if r is req else None, done))
+        if num_sampled:
+            log.counts.count_progress(num_sampled)
         for r in finished:
             self.finish_request(r.request_id, r.status)
-        self.log.step, self._open = step + 1, False  # close the step: the clock's only tick
+        log.step, self._open = step + 1, False  # close the step: the clock's only tick
         return CoreStep(step, out.timestamp, outputs)
 
     @staticmethod
-    def _core_output(r: Request, tok, prompt_logprobs=None) -> EngineCoreOutput:
-        done = r.status.is_finished
+    def _core_output(r: Request, tok, prompt_logprobs=None, done: bool = False) -> EngineCoreOutput:
+        """``done``: ``_check_stop`` finished it this step (the only way a request still in
+        ``requests`` at the update is finished)."""
         return EngineCoreOutput(
-            r.request_id, r.parent_id, r.sample_index, tok,
-            r.status.finish_reason if done else None, r.stop_token if done else None,
-            r.num_cached_tokens, r.num_preemptions, prompt_logprobs)
+            r.request_id, r.parent_id, r.sample_index, tok, r.status.finish_reason if done else None,
+            r.stop_token if done else None, r.num_cached_tokens, r.num_preemptions, prompt_logprobs)
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params
-        out_len = req.num_output_tokens
+        out_len = len(req.token_ids) - len(req.prompt_token_ids)
         if out_len >= p.min_tokens:
             if (not p.ignore_eos and tok in req.eos_token_ids) or tok in p.stop_token_ids:
                 req.status, req.stop_token = RequestStatus.FINISHED_STOPPED, tok
                 return True
         if (p.max_tokens is not None and out_len >= p.max_tokens) or \
-                req.num_tokens >= self.config.max_model_len:
+                len(req.token_ids) >= self.config.max_model_len:
             req.status = RequestStatus.FINISHED_LENGTH
             return True
         return False
