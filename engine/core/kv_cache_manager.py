@@ -59,8 +59,8 @@ class KVCacheManager:
         self.log = log
         self.misses = MissCauses(config.block_size, max_remembered_hashes
                                  or default_max_remembered(config.num_blocks))
-        self.pool = BlockPool(config.num_blocks, log, on_cached=self.misses.on_cached,
-                              on_uncached=self.misses.on_uncached)
+        self.pool = BlockPool(config.num_blocks, log, on_cached=self.misses.cached,
+                              on_uncached=self.misses.uncached)
         self.tables: dict[str, list[Block]] = {}
         self.hashes: dict[str, list[str]] = {}  # chained hashes of a request's full blocks
         self.num_hashed: dict[str, int] = {}  # how many table blocks went through cache()
@@ -128,7 +128,7 @@ class KVCacheManager:
         the lookup is recorded. Nothing changes when this returns False.
         """
         if match is None:
-            return self._extend(req, num_new_tokens)
+            return self.extend_slots(req, num_new_tokens)
         if self.blocks_needed(req, num_new_tokens, match) > self.pool.num_free:
             return False
         rid, step = req.request_id, self.log.step
@@ -156,7 +156,7 @@ class KVCacheManager:
         self.cache_full_blocks(req, computed + num_new_tokens)
         return True
 
-    def _extend(self, req: Request, num_new_tokens: int) -> bool:
+    def extend_slots(self, req: Request, num_new_tokens: int) -> bool:
         """``allocate_slots`` for a request already admitted (no match): the same checks
         and changes, read once (the path of every decode step)."""
         rid, bs = req.request_id, self.block_size
@@ -167,8 +167,8 @@ class KVCacheManager:
         have = 0 if table is None else len(table)
         i = computed // bs
         cow = i < have and table[i].ref_count > 1
-        if max(0, total - have) + cow > len(self.pool.free_queue):
-            return False
+        if (total > have or cow) and max(0, total - have) + cow > self.pool.free_queue._len:
+            return False  # (a decode step inside its last block needs no free block)
         if table is None:
             table = self.tables[rid] = []
         if cow:

@@ -154,10 +154,11 @@ class Scheduler:
         shares = StepShares.split(self.running, self.waiting, budget, self.config.max_num_seqs,
                                   self.config.fair_ratio) if fair else None
         order = fair_order(self.running) if fair else list(self.running)
+        extend = self.kv.extend_slots  # allocate_slots of an admitted request (no match)
         i = 0
         while i < len(order) and budget > 0:
             req = order[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(len(req.token_ids) - req.num_computed_tokens, budget)
             if thr:
                 n = min(n, thr)
             assert n > 0, f"running request {req.request_id} has nothing to compute"
@@ -166,7 +167,7 @@ class Scheduler:
                     i += 1  # its client's share of this step is spent: it waits a step
                     continue
                 n = min(n, shares.tokens[req.client])
-            while not self.kv.allocate_slots(req, n):
+            while not extend(req, n):
                 victim = order.pop()
                 self._preempt(victim)
                 preempted.append(victim.request_id)
@@ -218,9 +219,11 @@ class Scheduler:
     def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
         start = req.num_computed_tokens
         end = start + n
-        decode = n == 1 and req.num_output_tokens > 0 and end == req.num_tokens
+        tokens = req.token_ids
         sample_ids: tuple[str, ...] = ()
-        if end == req.num_tokens:
+        decode = False
+        if end == len(tokens):
+            decode = n == 1 and end > len(req.prompt_token_ids)  # one token past the prompt
             sample_ids = (req.request_id,)
             if req.params.n > 1 and not req.forked:  # the fork point: children sample too
                 for k in range(1, req.params.n):
@@ -242,7 +245,7 @@ class Scheduler:
             table, slots = self.kv.block_ids(req.request_id), self.kv.slot_mapping(req, start, end)
         else:
             table = slots = _NO_RUNNER
-        return ScheduledRequest(req.request_id, req.token_ids[start:end], start, table, slots,
+        return ScheduledRequest(req.request_id, tokens[start:end], start, table, slots,
                                 sample_ids, phase, targets, first)
 
     # ---- the order requests are served in (SchedulerConfig.policy) ----------
