@@ -48,17 +48,19 @@ from engine.events.schema.types import (
 )
 
 
-_NO_RUNNER: list[int] = []  # block_table and slot_mapping when no runner reads them (never written)
+_NO_RUNNER: list[int] = []  # block_table and slot_mapping without a runner (never written)
 
 
 class Scheduler:
     def __init__(self, sched: SchedulerConfig, cache: CacheConfig, log: EventLog | None = None,
-                 runner_inputs: bool = True) -> None:
-        """``runner_inputs=False``: no model runner reads the step (``kvscope simulate``), so
-        each ``ScheduledRequest``'s ``block_table`` and ``slot_mapping`` are left empty
-        rather than built for every scheduled request of every step."""
+                 for_engine: bool = True) -> None:
+        """``for_engine=False``: no model runner reads the steps and no output processor
+        their outputs (``kvscope simulate``, which reads the requests themselves). Each
+        ``ScheduledRequest``'s ``block_table`` and ``slot_mapping`` are left empty and
+        ``update_from_output`` returns no ``EngineCoreOutput``s, rather than building them
+        for every scheduled request of every step. The core's decisions are the same."""
         check_capacity(cache, sched)
-        self.runner_inputs = runner_inputs
+        self.for_engine = for_engine
         self.config = sched
         self.cache_config = cache
         self.log = log or EventLog()
@@ -241,7 +243,7 @@ class Scheduler:
         first, targets = max(start, req.num_prompt_logprobs), ()
         if req.params.prompt_logprobs is not None and req.sample_index == 0:
             targets = tuple(req.prompt_token_ids[first + 1:min(end, req.num_prompt_tokens - 1) + 1])
-        if self.runner_inputs:
+        if self.for_engine:
             table, slots = self.kv.block_ids(req.request_id), self.kv.slot_mapping(req, start, end)
         else:
             table = slots = _NO_RUNNER
@@ -309,14 +311,15 @@ class Scheduler:
 
         ``model_output.sampled`` holds a token for each id in a scheduled request's
         ``sample_ids``; at a fork point, sample k's token goes to child k, made here.
-        Returns one entry per scheduled request (fork children included).
+        Returns one entry per scheduled request (fork children included), none when the
+        scheduler is not ``for_engine``.
         """
         self.kv.step_computed()
         log = self.log
         step, keep = log.step, log.enabled
         requests, sampled = self.requests, model_output.sampled
         outputs: list[EngineCoreOutput] = []
-        append_output = outputs.append
+        build = self.for_engine  # else nobody reads the outputs: none are built
         finished: list[Request] = []
         num_sampled = 0  # request_progress tokens, counted once for the step when not kept
         for s in out.scheduled:
@@ -330,7 +333,8 @@ class Scheduler:
             sample_ids = s.sample_ids
             if not sample_ids:
                 self._progress(step, req, ())
-                append_output(self._core_output(req, None, plp))
+                if build:
+                    outputs.append(self._core_output(req, None, plp))
                 continue
             samples = [req]
             if len(sample_ids) > 1:
@@ -353,7 +357,8 @@ class Scheduler:
                 done = self._check_stop(r, tid)
                 if done:
                     finished.append(r)
-                append_output(self._core_output(r, tok, plp if r is req else None, done))
+                if build:
+                    outputs.append(self._core_output(r, tok, plp if r is req else None, done))
         if num_sampled:
             log.counts.count_progress(num_sampled)
         for r in finished:

@@ -61,7 +61,7 @@ class SimPod:
                  keep_events: bool = False) -> None:
         self.index = index
         self.log = EventLog(enabled=keep_events)
-        self.scheduler = Scheduler(sched, cache, self.log, runner_inputs=False)  # no runner
+        self.scheduler = Scheduler(sched, cache, self.log, for_engine=False)  # no runner, no outputs
         self.kv = self.scheduler.kv
         self.cost = cost
         self.clock = 0.0  # when the pod is next free
@@ -189,6 +189,7 @@ class SimPod:
         out, self.in_flight = self.in_flight, None
         sampled = {}
         all_live = self.live
+        lives = []
         for s in out.scheduled:
             for sid in s.sample_ids:
                 live = all_live[sid]
@@ -197,20 +198,20 @@ class SimPod:
                 if samples is None or k >= len(samples):
                     samples = live.samples = self._samples(live, k)
                 sampled[sid] = samples[k]
-        core = self.scheduler.update_from_output(out, ModelRunnerOutput(sampled))
+                lives.append(live)
+        self.scheduler.update_from_output(out, ModelRunnerOutput(sampled))  # outputs: none
         self.num_steps += 1
         clock = self.clock
-        for o in core.outputs:
-            live = all_live.get(o.request_id)
-            if live is None:
+        for live in lives:
+            rid = live.request.request_id
+            if all_live.get(rid) is not live:  # ended from outside since the schedule: no token
                 continue
             t = live.times
-            if o.new_token is not None:
-                t.num_output_tokens += 1
-                if t.first_token is None:
-                    t.first_token = clock
-            if o.finish_reason is not None:
-                self._finished(o.request_id)
+            t.num_output_tokens += 1
+            if t.first_token is None:
+                t.first_token = clock
+            if live.request.status.is_finished:  # finished by this update
+                self._finished(rid)
         pending, self.pending = self.pending, []
         for item in pending:
             self._enter(*item)
