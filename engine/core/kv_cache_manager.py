@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice, takewhile
-from operator import is_not
+from operator import attrgetter, is_not
 
 from engine.core.block_pool import Block, BlockPool
 from engine.core.config import CacheConfig
@@ -25,6 +25,7 @@ from engine.events.schema.types import (
 )
 
 _is_block = partial(is_not, None)  # a pool map hit (takewhile's test, in C)
+_ref_count = attrgetter("ref_count")
 
 
 @dataclass(slots=True)
@@ -110,7 +111,7 @@ class KVCacheManager:
         needed = 0
         if match is not None and match.blocks:
             computed, have = match.num_tokens, len(match.blocks)
-            needed += sum(1 for b in match.blocks if b.ref_count == 0)
+            needed += list(map(_ref_count, match.blocks)).count(0)  # free hits, counted in C
         total = -(-(computed + num_new_tokens) // self.block_size)
         needed += max(0, total - have)
         if self._needs_cow(table, computed):

@@ -226,13 +226,9 @@ class SimPod:
         ids = list(toks[:n])
         if len(ids) < n:
             ids += placeholder_tokens(live.index, len(ids), n)
-        out = []
-        for tok in ids:
-            st = _SAMPLED.get(tok)
-            if st is None:
-                st = _SAMPLED[tok] = SampledToken(tok)
-            out.append(st)
-        return out
+        for tok in set(ids).difference(_SAMPLED):  # ids never sampled before (rare)
+            _SAMPLED[tok] = SampledToken(tok)
+        return list(map(_SAMPLED.__getitem__, ids))
 
     def take_feed(self) -> tuple[list[str], list[str]]:
         """The KV event feed since the last call (stored, removed hashes)."""
