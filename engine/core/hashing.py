@@ -149,9 +149,11 @@ class BlockHasher:
         return self._fn((parent, tuple(map(int, token_ids)), extra_keys)).hex()
 
     def full_blocks(self, token_ids: Sequence[int], block_size: int, known: list[str],
-                    extra_keys: Any = None, num_blocks: int | None = None) -> list[str]:
+                    extra_keys: Any = None, num_blocks: int | None = None,
+                    all_int: bool = False) -> list[str]:
         """Extend ``known`` (hashes of the first blocks) to every full block of ``token_ids``
         (to the first ``num_blocks`` of them when given: no copy of a long list's head).
+        ``all_int``: the caller knows every token is a Python int (not checked again).
 
         For vLLM's sha256 with no extra keys (every kvscope request) the chain runs on the
         digests: one ``fromhex`` for the known parent rather than one per block, and the
@@ -167,7 +169,7 @@ class BlockHasher:
             a, b = start * block_size, end * block_size
             # every token a Python int already (bools and numpy ints are not): tuple(slice)
             # pickles as tuple(map(int, slice)) does, at a fifth of the cost
-            as_tuple = tuple if _INT.issuperset(map(type, token_ids[a:b])) else _int_tuple
+            as_tuple = tuple if all_int or _INT.issuperset(map(type, token_ids[a:b])) else _int_tuple
             for i in range(a, b, block_size):
                 parent = sha(dumps((parent, as_tuple(token_ids[i:i + block_size]), None), proto)).digest()
                 append(parent.hex())

@@ -35,6 +35,7 @@ class PromptHashes:
         if tr.hash_ids is None or MOONCAKE_BLOCK % bs:
             return tuple(self.hasher.full_blocks(tokens, bs, [], num_blocks=limit))
         per, full = MOONCAKE_BLOCK // bs, len(tokens) // bs
+        made = tr.prompt_token_ids is None  # by trace.mooncake_tokens: Python ints
         memo, out = self._blocks, []
         for hid in tr.hash_ids:
             if len(out) >= limit:
@@ -46,7 +47,7 @@ class PromptHashes:
                 self.num_reused += len(got)
                 continue
             start = len(out)
-            self.hasher.full_blocks(tokens, bs, out, num_blocks=min(start + per, full))
+            self.hasher.full_blocks(tokens, bs, out, num_blocks=min(start + per, full), all_int=made)
             if len(out) - start == per:  # a whole block (a prompt's cut last one is not kept)
                 if len(memo) >= self.max_entries:
                     memo.popitem(last=False)  # the oldest first
