@@ -53,7 +53,7 @@ class _Live:
     times: RequestTimes
     request: Request
     block_hashes: tuple[str, ...] = ()  # what a lookup may hit, for the reachable figure
-    samples: list[SampledToken] | None = None  # what it samples at each output position (made when first needed)
+    samples: list[SampledToken] | None = None  # what it samples at each output position (made when needed)
 
 
 class SimPod:
