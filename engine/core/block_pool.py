@@ -16,12 +16,12 @@ the eviction end before its head blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from engine.core.event_log import EventLog
 from engine.events.schema.types import BlockCached, BlockEvicted, BlockFreed, EvictionReason
 
-BlockHook = Callable[["Block"], None]
+BlockHook = Callable[[Sequence["Block"]], None]  # a run of blocks, in the pool's order
 
 
 class Block:
@@ -103,8 +103,8 @@ class BlockPool:
         self.cached: dict[str, Block] = {}
         self.log = log
         self.num_cached_free = 0  # ref_count 0 with a hash: hittable, evicted LRU
-        self._on_cached = on_cached  # called after a block got its hash
-        self._on_uncached = on_uncached  # called while the block still holds it
+        self._on_cached = on_cached  # called after blocks got their hashes
+        self._on_uncached = on_uncached  # called while the blocks still hold them
         self.stored: list[str] | None = None  # hashes cached, in order, when a list is set
         self.removed: list[str] | None = None  # hashes dropped, in order, when a list is set
 
@@ -131,30 +131,31 @@ class BlockPool:
             return [self.take() for _ in range(n)]
         # a free block has no reference: an evicted one leaves num_cached_free
         out: list[Block] = []
-        cached, on_uncached, removed = self.cached, self._on_uncached, self.removed
-        evicted = 0
+        evicted: list[Block] = []
         head = q._head
         b = head.next
         for _ in range(n):
             nxt = b.next
             b.prev = b.next = None
-            h = b.hash
-            if h is not None:  # uncache(b, REUSE), inline
-                del cached[h]
-                if on_uncached is not None:
-                    on_uncached(b)
-                if removed is not None:
-                    removed.append(h)
-                b.hash = b.parent_hash = b.token_ids = None
-                evicted += 1
+            if b.hash is not None:
+                evicted.append(b)
             b.ref_count = 1
             out.append(b)
             b = nxt
         head.next, b.prev = b, head
         q._len -= n
-        self.num_cached_free -= evicted
-        for _ in range(evicted):
-            self.log.counts.count_evicted(EvictionReason.REUSE)
+        if evicted:  # uncache(b, REUSE) for each, in order, the hooks called once
+            cached = self.cached
+            for b in evicted:
+                del cached[b.hash]
+            if self._on_uncached is not None:
+                self._on_uncached(evicted)
+            if self.removed is not None:
+                self.removed.extend([b.hash for b in evicted])
+            for b in evicted:
+                b.hash = b.parent_hash = b.token_ids = None
+            self.num_cached_free -= len(evicted)
+            self.log.counts.count_evicted(EvictionReason.REUSE, len(evicted))
         return out
 
     def touch(self, b: Block) -> None:
@@ -218,7 +219,7 @@ class BlockPool:
         if self.log.enabled:
             self.log.add(BlockCached(self.log.step, b.id, block_hash, parent_hash, token_ids))
         if self._on_cached is not None:
-            self._on_cached(b)
+            self._on_cached((b,))
         if self.stored is not None:
             self.stored.append(block_hash)
         return True
@@ -236,22 +237,23 @@ class BlockPool:
                     out.append(b)
                 parent = h
             return out
-        cached, on_cached, stored = self.cached, self._on_cached, self.stored
+        cached = self.cached
         newly_free = 0
         for i in range(start, end):
             b, h = table[i], hashes[i]
-            if b.hash is None and h not in cached:  # cache(b, h, ...), inline
+            if b.hash is None and h not in cached:  # cache(b, h, ...), inline; hooks below
                 b.hash, b.parent_hash = h, parent
                 b.token_ids = tuple(token_ids[i * block_size:(i + 1) * block_size])
                 cached[h] = b
                 newly_free += b.ref_count == 0
-                if on_cached is not None:
-                    on_cached(b)
-                if stored is not None:
-                    stored.append(h)
                 out.append(b)
             parent = h
         self.num_cached_free += newly_free
+        if out:
+            if self._on_cached is not None:
+                self._on_cached(out)
+            if self.stored is not None:
+                self.stored.extend([b.hash for b in out])
         return out
 
     def uncache(self, b: Block, reason: EvictionReason) -> None:
@@ -260,7 +262,7 @@ class BlockPool:
         del self.cached[b.hash]
         self.num_cached_free -= b.ref_count == 0
         if self._on_uncached is not None:
-            self._on_uncached(b)
+            self._on_uncached((b,))
         if self.removed is not None:
             self.removed.append(b.hash)
         log = self.log

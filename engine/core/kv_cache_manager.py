@@ -9,6 +9,9 @@ counting lookups, hits and evictions is the EventLog's (``EventCounts``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice, takewhile
+from operator import attrgetter, is_not
 
 from engine.core.block_pool import Block, BlockPool
 from engine.core.config import CacheConfig
@@ -21,12 +24,18 @@ from engine.events.schema.types import (
     RequestForked,
 )
 
+_is_block = partial(is_not, None)  # a pool map hit (takewhile's test, in C)
+_ref_count = attrgetter("ref_count")
+
 
 @dataclass(slots=True)
 class PrefixMatch:
     """Result of a side-effect-free prefix lookup; misses in tokens, by cause.
 
-    ``resumed``: the request was preempted before (its lookup is counted apart)."""
+    ``resumed``: the request was preempted before (its lookup is counted apart).
+    ``classified``: the miss causes are filled in; a lookup for admission leaves them to
+    ``allocate_slots``, which fills them only when the admission goes ahead (before it
+    changes anything), so a head of line that does not fit costs no classification."""
 
     blocks: list[Block] = field(default_factory=list)
     num_tokens: int = 0
@@ -36,6 +45,8 @@ class PrefixMatch:
     miss_partial: int = 0
     miss_disabled: int = 0
     resumed: bool = False
+    classified: bool = True
+    hashes: list[str] | None = None  # the lookup's block hashes, while not classified
 
 
 class KVCacheManager:
@@ -49,8 +60,8 @@ class KVCacheManager:
         self.log = log
         self.misses = MissCauses(config.block_size, max_remembered_hashes
                                  or default_max_remembered(config.num_blocks))
-        self.pool = BlockPool(config.num_blocks, log, on_cached=self.misses.on_cached,
-                              on_uncached=self.misses.on_uncached)
+        self.pool = BlockPool(config.num_blocks, log, on_cached=self.misses.cached,
+                              on_uncached=self.misses.uncached)
         self.tables: dict[str, list[Block]] = {}
         self.hashes: dict[str, list[str]] = {}  # chained hashes of a request's full blocks
         self.num_hashed: dict[str, int] = {}  # how many table blocks went through cache()
@@ -66,8 +77,9 @@ class KVCacheManager:
 
     # ---- lookup -------------------------------------------------------------
 
-    def lookup(self, req: Request) -> PrefixMatch:
-        """Longest cached run of full blocks, never covering the last token."""
+    def lookup(self, req: Request, classify: bool = True) -> PrefixMatch:
+        """Longest cached run of full blocks, never covering the last token. With
+        ``classify=False`` the miss causes wait for ``allocate_slots`` (``PrefixMatch``)."""
         n, bs = req.num_tokens, self.block_size
         resumed = req.num_preemptions > 0  # as vLLM's PrefixCacheStats.record(preempted=)
         # vLLM reads no hit for a request that wants prompt logprobs (it needs every
@@ -76,17 +88,18 @@ class KVCacheManager:
             return PrefixMatch(num_query_tokens=n, miss_disabled=n, resumed=resumed)
         hashes = self.hasher.full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
         max_blocks = (n - 1) // bs  # the last token's logits are needed
-        m = PrefixMatch(num_query_tokens=n, resumed=resumed)
-        cached, hit = self.pool.cached, m.blocks
-        for i in range(min(max_blocks, len(hashes))):
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            hit.append(b)
-        m.num_tokens = len(hit) * bs
-        m.miss_cold, m.miss_evicted, m.miss_partial = self.misses.classify(
-            req.token_ids, hashes, len(m.blocks), self.pool.cached)
+        # the head run of hits, in C: map stops being read at the first miss
+        hit = list(takewhile(_is_block, map(self.pool.cached.get, islice(hashes, max_blocks))))
+        m = PrefixMatch(hit, len(hit) * bs, n, resumed=resumed, classified=False, hashes=hashes)
+        if classify:
+            self._classify(req, m)
         return m
+
+    def _classify(self, req: Request, m: PrefixMatch) -> None:
+        """Fill in ``m``'s miss causes (the pool as it was at the lookup: nothing between)."""
+        m.miss_cold, m.miss_evicted, m.miss_partial = self.misses.classify(
+            req.token_ids, m.hashes, len(m.blocks), self.pool.cached)
+        m.classified, m.hashes = True, None
 
     # ---- allocation ---------------------------------------------------------
 
@@ -98,7 +111,7 @@ class KVCacheManager:
         needed = 0
         if match is not None and match.blocks:
             computed, have = match.num_tokens, len(match.blocks)
-            needed += sum(1 for b in match.blocks if b.ref_count == 0)
+            needed += list(map(_ref_count, match.blocks)).count(0)  # free hits, counted in C
         total = -(-(computed + num_new_tokens) // self.block_size)
         needed += max(0, total - have)
         if self._needs_cow(table, computed):
@@ -116,13 +129,15 @@ class KVCacheManager:
         the lookup is recorded. Nothing changes when this returns False.
         """
         if match is None:
-            return self._extend(req, num_new_tokens)
+            return self.extend_slots(req, num_new_tokens)
         if self.blocks_needed(req, num_new_tokens, match) > self.pool.num_free:
             return False
         rid, step = req.request_id, self.log.step
         table = self.tables.setdefault(rid, [])
         before = len(table)
         assert not table, f"{rid} admitted with a non-empty table"
+        if not match.classified:
+            self._classify(req, match)
         self.log.add(PrefixLookup(step, rid, match.num_query_tokens, match.num_tokens,
                                   match.miss_cold, match.miss_evicted, match.miss_partial,
                                   match.miss_disabled, match.resumed))
@@ -142,7 +157,7 @@ class KVCacheManager:
         self.cache_full_blocks(req, computed + num_new_tokens)
         return True
 
-    def _extend(self, req: Request, num_new_tokens: int) -> bool:
+    def extend_slots(self, req: Request, num_new_tokens: int) -> bool:
         """``allocate_slots`` for a request already admitted (no match): the same checks
         and changes, read once (the path of every decode step)."""
         rid, bs = req.request_id, self.block_size
@@ -153,8 +168,8 @@ class KVCacheManager:
         have = 0 if table is None else len(table)
         i = computed // bs
         cow = i < have and table[i].ref_count > 1
-        if max(0, total - have) + cow > len(self.pool.free_queue):
-            return False
+        if (total > have or cow) and max(0, total - have) + cow > self.pool.free_queue._len:
+            return False  # (a decode step inside its last block needs no free block)
         if table is None:
             table = self.tables[rid] = []
         if cow:

@@ -19,8 +19,8 @@ so ~54 MB at most). Past the bound the oldest-dropped hash is forgotten, and a l
 on it reads ``cold``: after more than ``max_remembered`` drops, ``evicted`` is a
 lower bound and ``cold`` an upper bound. Misses stay exact in total.
 
-Writer: the BlockPool's cache hooks (``on_cached``/``on_uncached``), which the
-KVCacheManager wires up; ``classify`` only reads.
+Writer: the BlockPool's cache hooks (``cached``/``uncached``, a run of blocks at a time),
+which the KVCacheManager wires up; ``classify`` only reads.
 """
 
 from __future__ import annotations
@@ -57,29 +57,44 @@ class MissCauses:
     # ---- hooks (the pool calls these as hashes come and go) -------------------
 
     def on_cached(self, block: Block) -> None:
-        self._dropped.pop(block.hash, None)
-        children, parent = self._children, block.parent_hash
-        siblings = children.get(parent)
-        if siblings is None:
-            children[parent] = block
-        elif type(siblings) is set:
-            siblings.add(block)
-        elif siblings is not block:
-            children[parent] = {siblings, block}
+        self.cached((block,))
 
     def on_uncached(self, block: Block) -> None:
-        children, parent = self._children, block.parent_hash
-        siblings = children.get(parent)
-        if siblings is block:
-            del children[parent]
-        elif type(siblings) is set:
-            siblings.discard(block)
-            if not siblings:
+        self.uncached((block,))
+
+    def cached(self, blocks: Sequence[Block]) -> None:
+        """These blocks just got their hashes (the pool's ``on_cached`` hook: a run at once)."""
+        forget, children = self._dropped.pop, self._children
+        for block in blocks:
+            forget(block.hash, None)
+            parent = block.parent_hash
+            siblings = children.get(parent)
+            if siblings is None:
+                children[parent] = block
+            elif type(siblings) is set:
+                siblings.add(block)
+            elif siblings is not block:
+                children[parent] = {siblings, block}
+
+    def uncached(self, blocks: Sequence[Block]) -> None:
+        """These blocks are losing their hashes, in this order (the pool's ``on_uncached``
+        hook, while they still hold them). The oldest drops past the bound are forgotten
+        once at the end: the same book as one drop at a time, since each keeps the most
+        recently dropped ``max_remembered``."""
+        children, dropped = self._children, self._dropped
+        for block in blocks:
+            parent = block.parent_hash
+            siblings = children.get(parent)
+            if siblings is block:
                 del children[parent]
-        dropped = self._dropped
-        dropped[block.hash] = None
-        dropped.move_to_end(block.hash)  # dropped again: now the most recent
-        if len(dropped) > self.max_remembered:
+            elif type(siblings) is set:
+                siblings.discard(block)
+                if not siblings:
+                    del children[parent]
+            h = block.hash
+            dropped[h] = None
+            dropped.move_to_end(h)  # dropped again: now the most recent
+        for _ in range(len(dropped) - self.max_remembered):
             dropped.popitem(last=False)
 
     @property

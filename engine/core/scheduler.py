@@ -48,9 +48,19 @@ from engine.events.schema.types import (
 )
 
 
+_NO_RUNNER: list[int] = []  # block_table and slot_mapping without a runner (never written)
+
+
 class Scheduler:
-    def __init__(self, sched: SchedulerConfig, cache: CacheConfig, log: EventLog | None = None) -> None:
+    def __init__(self, sched: SchedulerConfig, cache: CacheConfig, log: EventLog | None = None,
+                 for_engine: bool = True) -> None:
+        """``for_engine=False``: no model runner reads the steps and no output processor
+        their outputs (``kvscope simulate``, which reads the requests themselves). Each
+        ``ScheduledRequest``'s ``block_table`` and ``slot_mapping`` are left empty and
+        ``update_from_output`` returns no ``EngineCoreOutput``s, rather than building them
+        for every scheduled request of every step. The core's decisions are the same."""
         check_capacity(cache, sched)
+        self.for_engine = for_engine
         self.config = sched
         self.cache_config = cache
         self.log = log or EventLog()
@@ -146,10 +156,11 @@ class Scheduler:
         shares = StepShares.split(self.running, self.waiting, budget, self.config.max_num_seqs,
                                   self.config.fair_ratio) if fair else None
         order = fair_order(self.running) if fair else list(self.running)
+        extend = self.kv.extend_slots  # allocate_slots of an admitted request (no match)
         i = 0
         while i < len(order) and budget > 0:
             req = order[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(len(req.token_ids) - req.num_computed_tokens, budget)
             if thr:
                 n = min(n, thr)
             assert n > 0, f"running request {req.request_id} has nothing to compute"
@@ -158,7 +169,7 @@ class Scheduler:
                     i += 1  # its client's share of this step is spent: it waits a step
                     continue
                 n = min(n, shares.tokens[req.client])
-            while not self.kv.allocate_slots(req, n):
+            while not extend(req, n):
                 victim = order.pop()
                 self._preempt(victim)
                 preempted.append(victim.request_id)
@@ -180,7 +191,7 @@ class Scheduler:
                     break  # every waiting client's share is spent: the rest would all be skipped
                 continue  # its client's share is spent; another client's may not be
             room = budget if shares is None else min(budget, shares.tokens[req.client])
-            match = self.kv.lookup(req)
+            match = self.kv.lookup(req, classify=False)  # classified if admitted
             n = req.num_tokens - match.num_tokens
             if not self.config.enable_chunked_prefill and n > room:
                 if room < budget:
@@ -210,9 +221,11 @@ class Scheduler:
     def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
         start = req.num_computed_tokens
         end = start + n
-        decode = n == 1 and req.num_output_tokens > 0 and end == req.num_tokens
+        tokens = req.token_ids
         sample_ids: tuple[str, ...] = ()
-        if end == req.num_tokens:
+        decode = False
+        if end == len(tokens):
+            decode = n == 1 and end > len(req.prompt_token_ids)  # one token past the prompt
             sample_ids = (req.request_id,)
             if req.params.n > 1 and not req.forked:  # the fork point: children sample too
                 for k in range(1, req.params.n):
@@ -230,10 +243,12 @@ class Scheduler:
         first, targets = max(start, req.num_prompt_logprobs), ()
         if req.params.prompt_logprobs is not None and req.sample_index == 0:
             targets = tuple(req.prompt_token_ids[first + 1:min(end, req.num_prompt_tokens - 1) + 1])
-        return ScheduledRequest(req.request_id, req.token_ids[start:end], start,
-                                self.kv.block_ids(req.request_id),
-                                self.kv.slot_mapping(req, start, end), sample_ids, phase,
-                                targets, first)
+        if self.for_engine:
+            table, slots = self.kv.block_ids(req.request_id), self.kv.slot_mapping(req, start, end)
+        else:
+            table = slots = _NO_RUNNER
+        return ScheduledRequest(req.request_id, tokens[start:end], start, table, slots,
+                                sample_ids, phase, targets, first)
 
     # ---- the order requests are served in (SchedulerConfig.policy) ----------
 
@@ -270,7 +285,7 @@ class Scheduler:
             if held[victim.client] - 1 <= cand_rank:
                 break  # nobody holds more than cand's client would: fair already
             short_seat = len(self.running) >= self.config.max_num_seqs
-            match = self.kv.lookup(cand)  # pure: admission looks again, and records that one
+            match = self.kv.lookup(cand, classify=False)  # pure: admission looks again, and records that one
             first_chunk = max(1, min(cand.num_tokens - match.num_tokens, budget))
             short_blocks = self.kv.blocks_needed(cand, first_chunk, match) > self.kv.pool.num_free
             if not (short_seat or short_blocks):
@@ -296,63 +311,78 @@ class Scheduler:
 
         ``model_output.sampled`` holds a token for each id in a scheduled request's
         ``sample_ids``; at a fork point, sample k's token goes to child k, made here.
-        Returns one entry per scheduled request (fork children included).
+        Returns one entry per scheduled request (fork children included), none when the
+        scheduler is not ``for_engine``.
         """
         self.kv.step_computed()
-        step = self.log.step
+        log = self.log
+        step, keep = log.step, log.enabled
+        requests, sampled = self.requests, model_output.sampled
         outputs: list[EngineCoreOutput] = []
+        build = self.for_engine  # else nobody reads the outputs: none are built
         finished: list[Request] = []
+        num_sampled = 0  # request_progress tokens, counted once for the step when not kept
         for s in out.scheduled:
-            req = self.requests.get(s.request_id)
+            req = requests.get(s.request_id)
             if req is None:  # aborted between schedule and update
                 continue
-            req.num_computed_tokens += s.num_new_tokens
+            req.num_computed_tokens += len(s.token_ids)
             plp = model_output.prompt_logprobs.get(req.request_id) if s.prompt_logprob_targets else None
             if plp is not None:
                 req.num_prompt_logprobs = s.prompt_logprobs_from + len(plp)
-            if not s.sample_ids:
+            sample_ids = s.sample_ids
+            if not sample_ids:
                 self._progress(step, req, ())
-                outputs.append(self._core_output(req, None, plp))
+                if build:
+                    outputs.append(self._core_output(req, None, plp))
                 continue
             samples = [req]
-            if s.num_samples > 1:
+            if len(sample_ids) > 1:
                 req.forked = True
-                for k, cid in enumerate(s.sample_ids[1:], start=1):
+                for k, cid in enumerate(sample_ids[1:], start=1):
                     child = req.fork(k)
                     assert child.request_id == cid, (child.request_id, cid)
-                    self.requests[cid] = child
+                    requests[cid] = child
                     self.kv.fork(req, child)
                     bisect.insort(self.running, child, key=lambda r: r.sort_key)
                     samples.append(child)
             for r in samples:
-                tok = model_output.sampled[r.request_id]
-                r.append_output_token(tok.token_id)
-                self._progress(step, r, (tok.token_id,))
-                if self._check_stop(r, tok.token_id):
+                tok = sampled[r.request_id]
+                tid = tok.token_id
+                r.append_output_token(tid)
+                if keep:
+                    self._progress(step, r, (tid,))
+                else:
+                    num_sampled += 1
+                done = self._check_stop(r, tid)
+                if done:
                     finished.append(r)
-                outputs.append(self._core_output(r, tok, plp if r is req else None))
+                if build:
+                    outputs.append(self._core_output(r, tok, plp if r is req else None, done))
+        if num_sampled:
+            log.counts.count_progress(num_sampled)
         for r in finished:
             self.finish_request(r.request_id, r.status)
-        self.log.step, self._open = step + 1, False  # close the step: the clock's only tick
+        log.step, self._open = step + 1, False  # close the step: the clock's only tick
         return CoreStep(step, out.timestamp, outputs)
 
     @staticmethod
-    def _core_output(r: Request, tok, prompt_logprobs=None) -> EngineCoreOutput:
-        done = r.status.is_finished
+    def _core_output(r: Request, tok, prompt_logprobs=None, done: bool = False) -> EngineCoreOutput:
+        """``done``: ``_check_stop`` finished it this step (the only way a request still in
+        ``requests`` at the update is finished)."""
         return EngineCoreOutput(
-            r.request_id, r.parent_id, r.sample_index, tok,
-            r.status.finish_reason if done else None, r.stop_token if done else None,
-            r.num_cached_tokens, r.num_preemptions, prompt_logprobs)
+            r.request_id, r.parent_id, r.sample_index, tok, r.status.finish_reason if done else None,
+            r.stop_token if done else None, r.num_cached_tokens, r.num_preemptions, prompt_logprobs)
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params
-        out_len = req.num_output_tokens
+        out_len = len(req.token_ids) - len(req.prompt_token_ids)
         if out_len >= p.min_tokens:
             if (not p.ignore_eos and tok in req.eos_token_ids) or tok in p.stop_token_ids:
                 req.status, req.stop_token = RequestStatus.FINISHED_STOPPED, tok
                 return True
         if (p.max_tokens is not None and out_len >= p.max_tokens) or \
-                req.num_tokens >= self.config.max_model_len:
+                len(req.token_ids) >= self.config.max_model_len:
             req.status = RequestStatus.FINISHED_LENGTH
             return True
         return False

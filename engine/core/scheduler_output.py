@@ -26,9 +26,12 @@ class NewRequestData:
     seed: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScheduledRequest:
-    """One request's share of the step.
+    """One request's share of the step (read-only for everyone but the scheduler that
+    builds it; not a frozen dataclass because one is built for every scheduled request of
+    every step, and a frozen one's ``__init__`` costs three times as much: an
+    ``object.__setattr__`` call per field).
 
     The runner feeds ``token_ids`` at positions ``start_position ..
     start_position + num_new_tokens - 1``, writes their K/V to ``slot_mapping``

@@ -53,7 +53,7 @@ class _Live:
     times: RequestTimes
     request: Request
     block_hashes: tuple[str, ...] = ()  # what a lookup may hit, for the reachable figure
-    placeholders: list[int] | None = None  # its placeholder samples, made when first needed
+    samples: list[SampledToken] | None = None  # what it samples at each output position (made when needed)
 
 
 class SimPod:
@@ -61,7 +61,7 @@ class SimPod:
                  keep_events: bool = False) -> None:
         self.index = index
         self.log = EventLog(enabled=keep_events)
-        self.scheduler = Scheduler(sched, cache, self.log)
+        self.scheduler = Scheduler(sched, cache, self.log, for_engine=False)  # no runner, no outputs
         self.kv = self.scheduler.kv
         self.cost = cost
         self.clock = 0.0  # when the pod is next free
@@ -170,10 +170,10 @@ class SimPod:
         for rid in self._stopping:  # stop strings: finished by this schedule
             self._finished(rid)
         self._stopping.clear()
-        for s in out.scheduled:
-            live = self.live[s.request_id]
+        for new in out.new_requests:  # first admissions (n = 1): vLLM's cached_tokens
+            live = self.live[new.request_id]
             t = live.times
-            if t.first_scheduled is None:  # its first admission: vLLM's cached_tokens
+            if t.first_scheduled is None:
                 t.first_scheduled = self.clock
                 t.num_cached_tokens = live.request.num_cached_tokens
                 t.reachable_tokens = max([t.num_cached_tokens] + [
@@ -189,41 +189,46 @@ class SimPod:
         out, self.in_flight = self.in_flight, None
         sampled = {}
         all_live = self.live
+        lives = []
         for s in out.scheduled:
             for sid in s.sample_ids:
                 live = all_live[sid]
-                req = live.request
-                k = len(req.token_ids) - len(req.prompt_token_ids)  # its output tokens so far
-                toks = live.trace.output_token_ids
-                if toks is not None and k < len(toks):
-                    tok = toks[k]
-                else:
-                    ph = live.placeholders
-                    if ph is None or k >= len(ph):  # the trace's length at once (+1: an abort's)
-                        n = max(k + 1, live.trace.output_length + 1)
-                        ph = live.placeholders = placeholder_tokens(live.index, 0, n)
-                    tok = ph[k]
-                st = _SAMPLED.get(tok)
-                if st is None:
-                    st = _SAMPLED[tok] = SampledToken(tok)
-                sampled[sid] = st
-        core = self.scheduler.update_from_output(out, ModelRunnerOutput(sampled))
+                k = len(live.request.token_ids) - live.times.num_prompt_tokens  # outputs so far
+                samples = live.samples
+                if samples is None or k >= len(samples):
+                    samples = live.samples = self._samples(live, k)
+                sampled[sid] = samples[k]
+                lives.append(live)
+        self.scheduler.update_from_output(out, ModelRunnerOutput(sampled))  # outputs: none
         self.num_steps += 1
         clock = self.clock
-        for o in core.outputs:
-            live = all_live.get(o.request_id)
-            if live is None:
+        for live in lives:
+            rid = live.request.request_id
+            if all_live.get(rid) is not live:  # ended from outside since the schedule: no token
                 continue
             t = live.times
-            if o.new_token is not None:
-                t.num_output_tokens += 1
-                if t.first_token is None:
-                    t.first_token = clock
-            if o.finish_reason is not None:
-                self._finished(o.request_id)
+            t.num_output_tokens += 1
+            if t.first_token is None:
+                t.first_token = clock
+            if live.request.status.is_finished:  # finished by this update
+                self._finished(rid)
         pending, self.pending = self.pending, []
         for item in pending:
             self._enter(*item)
+
+    @staticmethod
+    def _samples(live: _Live, k: int) -> list[SampledToken]:
+        """What the runner samples for ``live`` at each output position (at least up to
+        ``k``): the trace's recorded tokens, then placeholders, the trace's length at once
+        (+1: an abort's). One shared SampledToken per token id."""
+        toks = live.trace.output_token_ids or []
+        n = max(k + 1, live.trace.output_length + 1)
+        ids = list(toks[:n])
+        if len(ids) < n:
+            ids += placeholder_tokens(live.index, len(ids), n)
+        for tok in set(ids).difference(_SAMPLED):  # ids never sampled before (rare)
+            _SAMPLED[tok] = SampledToken(tok)
+        return list(map(_SAMPLED.__getitem__, ids))
 
     def take_feed(self) -> tuple[list[str], list[str]]:
         """The KV event feed since the last call (stored, removed hashes)."""

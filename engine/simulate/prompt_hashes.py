@@ -11,6 +11,8 @@ not re-computed ones (tests/simulate/test_traces.py checks them against the core
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from engine.core.hashing import BlockHasher
 from engine.simulate.trace import MOONCAKE_BLOCK, TracedRequest
 
@@ -20,7 +22,9 @@ class PromptHashes:
         self.hasher = hasher
         self.block_size = block_size
         self.max_entries = max_entries
-        self._blocks: dict[tuple[str | None, int], list[str]] = {}  # (hash before, id) -> hashes
+        # (hash before, id) -> hashes, oldest first (an OrderedDict: a dict's first key, after
+        # many deletions at its front, is found by scanning past their dummies)
+        self._blocks: OrderedDict[tuple[str | None, int], list[str]] = OrderedDict()
         self.num_reused = 0  # block hashes taken from the memory rather than hashed
 
     def __call__(self, tr: TracedRequest, tokens: list[int]) -> tuple[str, ...]:
@@ -31,6 +35,7 @@ class PromptHashes:
         if tr.hash_ids is None or MOONCAKE_BLOCK % bs:
             return tuple(self.hasher.full_blocks(tokens, bs, [], num_blocks=limit))
         per, full = MOONCAKE_BLOCK // bs, len(tokens) // bs
+        made = tr.prompt_token_ids is None  # by trace.mooncake_tokens: Python ints
         memo, out = self._blocks, []
         for hid in tr.hash_ids:
             if len(out) >= limit:
@@ -42,9 +47,9 @@ class PromptHashes:
                 self.num_reused += len(got)
                 continue
             start = len(out)
-            self.hasher.full_blocks(tokens, bs, out, num_blocks=min(start + per, full))
+            self.hasher.full_blocks(tokens, bs, out, num_blocks=min(start + per, full), all_int=made)
             if len(out) - start == per:  # a whole block (a prompt's cut last one is not kept)
                 if len(memo) >= self.max_entries:
-                    del memo[next(iter(memo))]  # the oldest first
+                    memo.popitem(last=False)  # the oldest first
                 memo[key] = out[start:]
         return tuple(out[:limit])

@@ -123,3 +123,23 @@ def test_the_kv_cache_manager_hashes_with_the_configured_algo():
     for algo in ("kvscope", "sha256", "sha256_cbor"):
         m = KVCacheManager(CacheConfig(block_size=4, num_blocks=8, prefix_caching_hash_algo=algo), EventLog())
         assert m.hasher.algo == algo
+
+
+def test_token_ids_that_are_not_python_ints_hash_as_their_int_values():
+    """full_blocks hashes a block's slice as it is when every token is a Python int, and
+    through int() otherwise (numpy ints and bools pickle differently): the same digests
+    either way, and the same as __call__'s."""
+    import numpy as np
+
+    h = BlockHasher("sha256", seed=VLLM_NONE_HASH_SEED)
+    toks = [49151, 0, 300, 70000, 5, 6, 7, 8, 2**40, 17, 1, 0]
+    ints = h.full_blocks(toks, 4, [])
+    assert len(ints) == 3 and ints[:2] == _ours("sha256")[1]  # CASES[1]: vLLM's digests
+    mixed = toks[:9] + [np.int64(17), True, False]  # one numpy int and two bools, in block 2
+    assert h.full_blocks(mixed, 4, []) == ints
+    assert h.full_blocks(np.array(toks), 4, []) == ints
+    assert h.full_blocks(mixed, 4, ints[:2]) == ints  # extending a known chain
+    parent = None
+    for i, want in enumerate(ints):
+        parent = h(parent, mixed[4 * i:4 * i + 4])
+        assert parent == want

@@ -99,14 +99,14 @@ class EventCounts:
     def _evicted(self, e: BlockEvicted) -> None:
         self.count_evicted(e.reason)
 
-    def count_evicted(self, reason: EvictionReason) -> None:
-        """A ``block_evicted`` event's count, from its reason."""
+    def count_evicted(self, reason: EvictionReason, n: int = 1) -> None:
+        """``n`` ``block_evicted`` events' count, from their reason."""
         if reason == EvictionReason.REUSE:
-            self.num_evictions += 1
+            self.num_evictions += n
         elif reason == EvictionReason.RESET:
-            self.num_reset_evictions += 1
+            self.num_reset_evictions += n
         else:
-            self.num_rollback_evictions += 1
+            self.num_rollback_evictions += n
 
     def _lookup(self, e: PrefixLookup) -> None:
         if not e.caching_enabled:
