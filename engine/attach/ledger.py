@@ -1,5 +1,9 @@
 """FleetLedger: an attached run's fold plus what the fold forgets: removals, churn, oddities.
 
+Past 300 lines on purpose: one fold of the ``kv_*`` events, and each figure below reads
+state another one writes (a removal feeds churn, the miss explainer and placement);
+the per-policy replay lives apart (``engine.attach.policy_replay``).
+
 ``HashCacheState`` keeps what each pod has cached now. An operator also asks what left
 and when ("was my prefix evicted, or never there?"), how fast blocks churn, and how
 odd the stream is. The ledger folds the same ``kv_*`` events (the attach worker's live

@@ -1,5 +1,10 @@
 """Scheduler: spends a token budget each step; chunked prefill; preemption by recompute.
 
+Past 300 lines on purpose: ``schedule`` and ``update_from_output`` are one state machine
+over the same queues and request states (the only writer of both), as vLLM's
+``vllm/v1/core/sched/scheduler.py`` is; the policies that can stand alone already do
+(``fair_share``, ``parallel_sampling``, ``miss_causes``).
+
 Writer of request status, counters and tokens, and of the waiting/running queues.
 Each engine step is ``schedule() → (runner executes) → update_from_output()``.
 There is no prefill phase: every request just closes the gap

@@ -1,5 +1,9 @@
 """Request traces for ``kvscope simulate``: what arrives when, with which tokens, for how long.
 
+Past 300 lines on purpose: four readers of one record (``TracedRequest``), sharing its
+checks and the synthetic-token rules they all use; the generator lives apart
+(``engine.simulate.mooncake``).
+
 Every reader gives ``TracedRequest``s in arrival order. Four sources:
 
 - **JSONL** of requests, one object a line: ``{"timestamp_ms", "token_ids" | "prompt",

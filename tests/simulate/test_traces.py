@@ -9,7 +9,8 @@ import pytest
 
 from engine.simulate.mooncake import Shape, calibrate, generate, stats
 from engine.simulate.trace import (
-    MOONCAKE_BLOCK, TraceError, mix, mooncake_tokens, read_jsonl, read_mooncake,
+    MOONCAKE_BLOCK, SYNTHETIC_VOCAB, TraceError, mix, mooncake_tokens, placeholder_token,
+    placeholder_tokens, read_jsonl, read_mooncake,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +52,16 @@ def test_prompt_hashes_remembered_by_hash_id_are_the_core_s_hashes(block_size):
     if MOONCAKE_BLOCK % block_size == 0:
         assert ph.num_reused > 1000
     assert len(ph._blocks) <= 64
+
+
+def test_placeholder_samples_are_the_scalar_rule_and_no_two_requests_share_them():
+    """``placeholder_tokens`` (numpy, what a simulated pod samples) is ``placeholder_token``
+    (the rule, one token at a time) over a range; two requests' streams differ."""
+    for index in (0, 1, 7, 12_345):
+        got = placeholder_tokens(index, 3, 40)
+        assert got == [placeholder_token(index, k) for k in range(3, 40)]
+        assert all(isinstance(t, int) and 1 <= t < SYNTHETIC_VOCAB for t in got)
+    assert placeholder_tokens(0, 0, 32) != placeholder_tokens(1, 0, 32)
 
 
 def test_mooncake_partial_last_block_is_the_start_of_that_id_s_block():
