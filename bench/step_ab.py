@@ -10,6 +10,7 @@
     python -m bench.step_ab cpu_kernels --batch 64  # neither of the two above vs both
     python -m bench.step_ab kernel_openmp --batch 64  # the C++ kernels built without / with -fopenmp
     python -m bench.step_ab onednn --batch 16 --prompt-len 210  # MKL packed 4-64 rows vs oneDNN packed, every row count
+    python -m bench.step_ab fused_grain --batch 64  # the fused ops split into tasks from 2^14 / 2^18 elements
 
 ``--batch N`` times decode steps of N sequences with 64-token synthetic prompts
 (bench/cpu_units.py's DecodeBatch, as the roofline's units) instead of the workload's 16
@@ -50,6 +51,7 @@ _SETTINGS = {
     "cpu_kernels": ("torch only", "decode kernel + fused ops"),
     "kernel_openmp": ("one-thread kernels", "OpenMP kernels"),
     "onednn": ("MKL packed 4-64 rows", "oneDNN packed every row count"),
+    "fused_grain": ("fused ops split from 2^14 elements", "from 2^18"),
 }
 _CACHES: dict[tuple[int, str], object] = {}  # (id of a module, setting): its PackedWeightCache
 
@@ -94,6 +96,10 @@ def _apply(kind: str, setting: str, engine) -> None:
         for owner, attr in [(m, "packed") for m in model.modules() if isinstance(m, layers.Linear)] + [
                 (model, "logits_packed")]:
             setattr(owner, attr, _CACHES.setdefault((id(owner), setting), layers.PackedWeightCache()))
+    elif kind == "fused_grain":
+        from kernels import cpu_fused
+
+        cpu_fused.extension().set_grain_elems(1 << 14 if setting.endswith("2^14 elements") else 1 << 18)
     elif kind == "kernel_openmp":  # kernels/cpu_build.py loads the build of this setting
         from kernels import cpu_build
 
