@@ -10,6 +10,7 @@
     python -m bench.step_ab cpu_kernels --batch 64  # neither of the two above vs both
     python -m bench.step_ab kernel_openmp --batch 64  # the C++ kernels built without / with -fopenmp
     python -m bench.step_ab onednn --batch 16 --prompt-len 210  # MKL packed 4-64 rows vs oneDNN packed, every row count
+    python -m bench.step_ab onednn_1row --batch 1  # batch-1 linears through F.linear / oneDNN's packed weight
     python -m bench.step_ab fused_grain --batch 64  # the fused ops split into tasks from 2^14 / 2^18 elements
 
 ``--batch N`` times decode steps of N sequences with 64-token synthetic prompts
@@ -52,6 +53,7 @@ _SETTINGS = {
     "kernel_openmp": ("one-thread kernels", "OpenMP kernels"),
     "onednn": ("MKL packed 4-64 rows", "oneDNN packed every row count"),
     "fused_grain": ("fused ops split from 2^14 elements", "from 2^18"),
+    "onednn_1row": ("one row: F.linear", "one row: oneDNN packed"),
 }
 _CACHES: dict[tuple[int, str], object] = {}  # (id of a module, setting): its PackedWeightCache
 
@@ -74,7 +76,7 @@ def _apply(kind: str, setting: str, engine) -> None:
         from engine.model import layers
 
         on = setting == "packed"
-        layers.ONEDNN_ROWS, layers.MKL_ROWS = ((2, 4096), (4, 64)) if on else ((1, 0), (1, 0))
+        layers.ONEDNN_ROWS, layers.MKL_ROWS = ((1, 4096), (4, 64)) if on else ((1, 0), (1, 0))
     elif kind == "decode_kernel":  # read by the backend when it plans each step
         engine.engine_core.runner.backend.decode_kernel = setting == "C++ kernel"
     elif kind == "fused":
@@ -96,6 +98,10 @@ def _apply(kind: str, setting: str, engine) -> None:
         for owner, attr in [(m, "packed") for m in model.modules() if isinstance(m, layers.Linear)] + [
                 (model, "logits_packed")]:
             setattr(owner, attr, _CACHES.setdefault((id(owner), setting), layers.PackedWeightCache()))
+    elif kind == "onednn_1row":
+        from engine.model import layers
+
+        layers.ONEDNN_ROWS = (1 if setting.endswith("oneDNN packed") else 2, layers.ONEDNN_ROWS[1])
     elif kind == "fused_grain":
         from kernels import cpu_fused
 

@@ -8,7 +8,7 @@ once, 2 threads, ms: 16 rows 47-48 MKL packed vs 55-58 oneDNN packed vs 74-75
 ``F.linear``; 64 rows 97 vs 112-132 vs 135-149). On 2026-12-06, with torch 2.13's
 oneDNN, oneDNN's packing took 0.4x MKL's CPU time at 4-16 rows and 0.63x at 64, and a
 decode step of 16 sequences 0.56x (bench/RESULTS.md, issue 33), so oneDNN's packing is
-the default now. The product equals ``F.linear``'s to float32 rounding (bitwise at most
+the default now, for every row count. The product equals ``F.linear``'s to float32 rounding (bitwise at most
 row counts of 16 and more). A/B in one engine: ``python -m bench.step_ab onednn``.
 """
 

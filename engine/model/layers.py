@@ -181,12 +181,14 @@ class RopeTables:
 # any row count), MKL's (kernels/cpu_mkl.py) where KVSCOPE_CPU_MKL_PACKED=1 asks for it.
 # Every linear weight of SmolLM2 once (30 layers: the weights stream from memory), 2
 # threads, CPU ms, 2026-12-06 (bench/RESULTS.md, issue 33), oneDNN / MKL packed / F.linear:
-# 1 row 40 / 30 / 38 (wall 22 / 30-33 / 36), 4 rows 33 / 81 / 81, 16 rows 51 / 125 / 128,
-# 64 rows 152 / 240 / 211, 512 rows 1034 / 1225 / 1288. (In 2026-12-02's runs MKL's had
-# been ahead at 16-64 rows; this box's torch now carries a newer oneDNN.) MKL's packing
+# 1 row 40 / 30 / 38, 4 rows 33 / 81 / 81, 16 rows 51 / 125 / 128, 64 rows 152 / 240 / 211,
+# 512 rows 1034 / 1225 / 1288. (In 2026-12-02's runs MKL's had been ahead at 16-64 rows;
+# this box's torch now carries a newer oneDNN.) At one row F.linear's matrix-vector
+# product ran on one thread: a batch-1 decode step took 0.63-0.66x the wall time through
+# oneDNN's weights (both threads stream them), for 1.2-1.3x the CPU time. MKL's packing
 # serves only 4-64 rows, where it was measured ahead of F.linear; oneDNN's serves every
-# step, a 2048-token prefill included. The packed copy doubles the weights' memory.
-ONEDNN_ROWS = (2, 4096)
+# step, a 4096-token prefill included. The packed copy doubles the weights' memory.
+ONEDNN_ROWS = (1, 4096)
 MKL_ROWS = (4, 64)
 ONEDNN_BATCH_HINT = 16  # the row count oneDNN lays the weight out for
 

@@ -42,10 +42,10 @@ def test_batches_in_the_packed_range_use_the_packed_copy_and_others_do_not():
     assert lin.packed.packed is not None
 
 
-def test_onednn_packs_by_default_from_two_rows_to_a_long_prefill():
+def test_onednn_packs_by_default_from_one_row_to_a_long_prefill():
     if cpu_mkl.usable() or not layers._onednn_packing():
         pytest.skip("MKL's packing asked for, or no oneDNN packing in this torch")
-    assert layers.packed_rows(False) == (2, 4096)
+    assert layers.packed_rows(False) == (1, 4096)
     lin = _filled(32, 48, True)
     x = torch.randn(2048, 32)
     torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
