@@ -15,7 +15,8 @@ decode-only step (wall and CPU ms), and the output token ids' digest.
 
 Runs alternate A B B A per concurrency (``--pairs`` such pairs), so the box's load drifts
 over both alike; the load average is recorded around every run. The ratio reported is
-B / A of the medians.
+B / A of the medians. ``--overrides-a`` / ``--overrides-b`` give each side's engine settings
+(JSON), so the same checkout given twice A/Bs a setting (e.g. max_num_batched_tokens).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import time
 from pathlib import Path
 
 
-def child(concurrency: int, requests: int, prompt_len: int, max_tokens: int, threads: int) -> dict:
+def child(concurrency: int, requests: int, prompt_len: int, max_tokens: int, threads: int,
+          overrides: dict | None = None) -> dict:
     import random
 
     import torch
@@ -43,8 +45,8 @@ def child(concurrency: int, requests: int, prompt_len: int, max_tokens: int, thr
     torch.set_num_threads(threads)
     loaded = load_model("smollm2-135m")
     vocab = loaded.spec.vocab_size
-    engine = make_engine(loaded, "smollm2-135m", concurrency, 64 * concurrency + 64, block_size=32,
-                         max_model_len=prompt_len + max_tokens + 64)
+    engine = make_engine(loaded, "smollm2-135m", concurrency, 64 * concurrency + 64,
+                         **{"block_size": 32, "max_model_len": prompt_len + max_tokens + 64, **(overrides or {})})
     rng = random.Random(1234)
     for i in range(8):  # warm-up: prefill and multi-row decode steps pack every weight
         engine.add_request([rng.randrange(100, vocab - 100) for _ in range(40)],
@@ -79,12 +81,12 @@ def _load() -> tuple[float, float, float]:
     return os.getloadavg()
 
 
-def run_one(checkout: Path, ext_dir: Path, args, concurrency: int, requests: int) -> dict:
+def run_one(checkout: Path, ext_dir: Path, args, concurrency: int, requests: int, overrides: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(checkout), "TORCH_EXTENSIONS_DIR": str(ext_dir),
            "KVSCOPE_ADAPT_THREADS": "0"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--concurrency", str(concurrency),
            "--requests", str(requests), "--prompt-len", str(args.prompt_len), "--max-tokens", str(args.max_tokens),
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads), "--overrides-a", overrides]
     load0 = _load()
     proc = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode:
@@ -109,9 +111,12 @@ def main() -> None:
     p.add_argument("--ext-dir", type=Path, default=Path("/tmp/kvscope-checkout-ab"))
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--overrides-a", default="{}", help="EngineConfig fields for A's engines, as JSON")
+    p.add_argument("--overrides-b", default="{}", help="the same for B (the same checkout twice: a config A/B)")
     args = p.parse_args()
     if args.child:
-        print(json.dumps(child(args.concurrency[0], args.requests[0], args.prompt_len, args.max_tokens, args.threads)))
+        print(json.dumps(child(args.concurrency[0], args.requests[0], args.prompt_len, args.max_tokens, args.threads,
+                               json.loads(args.overrides_a))))
         return
     if args.a is None or args.b is None:
         p.error("give the two checkouts, A and B")
@@ -123,7 +128,7 @@ def main() -> None:
         for k in range(2 * args.pairs):
             which = "AB"[(k + k // 2) % 2]  # A B B A
             checkout = args.a if which == "A" else args.b
-            r = run_one(checkout, args.ext_dir / which, args, c, n)
+            r = run_one(checkout, args.ext_dir / which, args, c, n, args.overrides_a if which == "A" else args.overrides_b)
             r.update(which=which, concurrency=c, requests=n)
             runs.append(r)
             print(f"c={c} {which}: {r['out_tok_s']:.1f} out tok/s, wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s, "
