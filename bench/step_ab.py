@@ -9,6 +9,9 @@
     python -m bench.step_ab fused --batch 1  # torch's small elementwise ops vs kernels/cpu_fused.cpp
     python -m bench.step_ab cpu_kernels --batch 64  # neither of the two above vs both
     python -m bench.step_ab kernel_openmp --batch 64  # the C++ kernels built without / with -fopenmp
+    python -m bench.step_ab onednn --batch 16 --prompt-len 210  # MKL packed 4-64 rows vs oneDNN packed, every row count
+    python -m bench.step_ab onednn_1row --batch 1  # batch-1 linears through F.linear / oneDNN's packed weight
+    python -m bench.step_ab fused_grain --batch 64  # the fused ops split into tasks from 2^14 / 2^18 elements
 
 ``--batch N`` times decode steps of N sequences with 64-token synthetic prompts
 (bench/cpu_units.py's DecodeBatch, as the roofline's units) instead of the workload's 16
@@ -48,7 +51,11 @@ _SETTINGS = {
     "fused": ("torch elementwise ops", "fused C++ ops"),
     "cpu_kernels": ("torch only", "decode kernel + fused ops"),
     "kernel_openmp": ("one-thread kernels", "OpenMP kernels"),
+    "onednn": ("MKL packed 4-64 rows", "oneDNN packed every row count"),
+    "fused_grain": ("fused ops split from 2^14 elements", "from 2^18"),
+    "onednn_1row": ("one row: F.linear", "one row: oneDNN packed"),
 }
+_CACHES: dict[tuple[int, str], object] = {}  # (id of a module, setting): its PackedWeightCache
 
 
 def _apply(kind: str, setting: str, engine) -> None:
@@ -68,7 +75,8 @@ def _apply(kind: str, setting: str, engine) -> None:
     elif kind == "packed":
         from engine.model import layers
 
-        layers.PACKED_MAX_ROWS = 64 if setting == "packed" else 0
+        on = setting == "packed"
+        layers.ONEDNN_ROWS, layers.MKL_ROWS = ((1, 4096), (4, 64)) if on else ((1, 0), (1, 0))
     elif kind == "decode_kernel":  # read by the backend when it plans each step
         engine.engine_core.runner.backend.decode_kernel = setting == "C++ kernel"
     elif kind == "fused":
@@ -80,6 +88,24 @@ def _apply(kind: str, setting: str, engine) -> None:
 
         on = setting != "torch only"
         engine.engine_core.runner.backend.decode_kernel = cpu_fused.KERNELS.on = cpu_attention.KERNELS.on = on
+    elif kind == "onednn":  # each linear keeps one packed copy per setting, swapped in per step
+        from engine.model import layers
+        from kernels import cpu_mkl
+
+        mkl = setting == "MKL packed 4-64 rows"
+        cpu_mkl.KERNELS.on = mkl  # what the next pack of a fresh cache chooses
+        model = engine.engine_core.runner.model
+        for owner, attr in [(m, "packed") for m in model.modules() if isinstance(m, layers.Linear)] + [
+                (model, "logits_packed")]:
+            setattr(owner, attr, _CACHES.setdefault((id(owner), setting), layers.PackedWeightCache()))
+    elif kind == "onednn_1row":
+        from engine.model import layers
+
+        layers.ONEDNN_ROWS = (1 if setting.endswith("oneDNN packed") else 2, layers.ONEDNN_ROWS[1])
+    elif kind == "fused_grain":
+        from kernels import cpu_fused
+
+        cpu_fused.extension().set_grain_elems(1 << 14 if setting.endswith("2^14 elements") else 1 << 18)
     elif kind == "kernel_openmp":  # kernels/cpu_build.py loads the build of this setting
         from kernels import cpu_build
 
@@ -103,7 +129,7 @@ def _timed_step(engine, times, phase, setting) -> None:
 
 
 def run(kind: str, steps: int = 40, model: str = "smollm2-135m", batch: int | None = None,
-        threads: int | None = None) -> dict:
+        threads: int | None = None, prompt_len: int = 64) -> dict:
     from bench.run_kvscope import make_engine
     from engine import SamplingParams
     from engine.model.loader import load_model
@@ -119,11 +145,11 @@ def run(kind: str, steps: int = 40, model: str = "smollm2-135m", batch: int | No
     if batch is not None:
         from bench.cpu_units import DecodeBatch, decode_max_tokens
 
-        max_tokens = decode_max_tokens(batch, 64, steps + 1)  # + the untimed step below
-        max_len = 64 + max_tokens + 16
+        max_tokens = decode_max_tokens(batch, prompt_len, steps + 1)  # + the untimed step below
+        max_len = prompt_len + max_tokens + 16
         engine = make_engine(loaded, model, batch, batch * -(-max_len // 16) + 8, enable_prefix_caching=False,
                              max_model_len=max_len)
-        DecodeBatch(engine, loaded.spec.vocab_size, batch, 64, max_tokens=max_tokens)
+        DecodeBatch(engine, loaded.spec.vocab_size, batch, prompt_len, max_tokens=max_tokens)
     else:
         engine = make_engine(loaded, model, 16, 1024)
     # prefill phase: a long queue of prompts with max_tokens=1, prefix caching off, so
@@ -182,9 +208,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=None,
                    help="decode steps of this many synthetic 64-token sequences (no prefill phase)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the engine's choice)")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens of each --batch sequence")
     args = p.parse_args()
     print(f"load average before: {loadavg()}")
-    res = run(args.kind, args.steps, batch=args.batch, threads=args.threads)
+    res = run(args.kind, args.steps, batch=args.batch, threads=args.threads, prompt_len=args.prompt_len)
     a, b = res["settings"]
     print(f"{res['threads']} torch threads, decode batch {res['batch']}")
     for phase, r in res["phases"].items():

@@ -148,8 +148,8 @@ CPU_FUSED = _switch(
     "`0`: CPU layers on torch's elementwise ops, not the fused C++ ones",
     "kernels/cpu_fused.py")
 CPU_MKL_PACKED = _switch(
-    "KVSCOPE_CPU_MKL_PACKED", "on", True,
-    "`0`: pack CPU linear weights for oneDNN, not MKL's packed GEMM",
+    "KVSCOPE_CPU_MKL_PACKED", "off", False,
+    "`1`: pack CPU linear weights for MKL's packed GEMM (4-64 rows), not oneDNN's (every row count)",
     "kernels/cpu_mkl.py")
 CPU_OPENMP = _switch(
     "KVSCOPE_CPU_OPENMP", "on", True,

@@ -155,7 +155,9 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
   const int64_t* row = rows.data_ptr<int64_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  int64_t positions = 0;  // summed over the decodes: each of their H heads reads that many K/V rows
   for (int64_t d = 0; d < D; ++d) {  // every read below stays inside the tensors
+    positions += lens[d];
     TORCH_CHECK(row[d] >= 0 && row[d] < T, "rows[", d, "] = ", row[d], " is not a query row");
     TORCH_CHECK(lens[d] >= 1 && lens[d] <= max_blocks * bs, "seq_lens[", d, "] = ", lens[d],
                 " does not fit its block table");
@@ -173,7 +175,12 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
   // One task per (sequence, query head); a sequence's heads run in one task's range
   // when the split allows, so its K/V rows (kv_heads * head_dim floats per token slot)
   // are read while they are still in cache.
-  at::parallel_for(0, D * H, 1, [&](int64_t t0, int64_t t1) {
+  // At least kMinTaskPositions (head, position) pairs a task (~25 us of work): a batch-1
+  // decode's few heads stay on the calling thread instead of paying for an OpenMP region
+  // (whose barrier waits out a partner thread that another process has descheduled).
+  constexpr int64_t kMinTaskPositions = 1 << 13;
+  const int64_t grain = std::max<int64_t>(1, kMinTaskPositions * D / std::max<int64_t>(1, positions));
+  at::parallel_for(0, D * H, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t d = t / H, h = t % H, L = lens[d];

@@ -26,11 +26,13 @@ extern "C" __m512 Sleef_expf16_u10(__m512);  // ATen's vectorized exp on AVX-512
 
 namespace {
 
-// Rows per task: at least this many elements each, so a batch-1 row stays on one thread
-// (an OpenMP region costs more than the work) while decode batches of tens of rows and
-// prefill chunks are split.
-constexpr int64_t GRAIN_ELEMS = 1 << 14;
-inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, GRAIN_ELEMS / std::max<int64_t>(1, width)); }
+// Rows per task: at least this many elements each. These ops take microseconds on one
+// thread for any decode batch (64 rows of SiLU x up: 197k elements), while an OpenMP
+// region waits at its barrier for a partner thread that another process may have
+// descheduled (a time slice, milliseconds, on a shared 2-core box); so only prefill
+// chunks of hundreds of rows are split. Settable for A/B runs (bench.step_ab fused_grain).
+int64_t grain_elems = 1 << 18;
+inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, grain_elems / std::max<int64_t>(1, width)); }
 
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.stride(1) == 1 && t.device().is_cpu(), name,
@@ -157,7 +159,16 @@ void add_rms_norm(const c10::optional<at::Tensor>& x, at::Tensor& residual, cons
 // Every kernel runs without the GIL (the guard releases it once the arguments are
 // converted): a server's event loop and recorder threads run while the engine
 // thread is in here, as they do while it is inside any torch op.
+void set_grain_elems(int64_t n) {
+  TORCH_CHECK(n >= 1, "grain must be at least one element");
+  grain_elems = n;
+}
+
+int64_t get_grain_elems() { return grain_elems; }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("set_grain_elems", &set_grain_elems, "elements per parallel task of the ops below");
+  m.def("get_grain_elems", &get_grain_elems, "elements per parallel task of the ops below");
   m.def("silu_mul", &silu_mul, "silu(gate) * up for gate_up [T, 2I], into out [T, I]",
         py::call_guard<py::gil_scoped_release>());
   m.def("rope", &rope, "x * cos + swap_halves(x) * signed_sin, into out",

@@ -176,16 +176,21 @@ class RopeTables:
         return x * self.cos + swapped * self.signed_sin
 
 
-# Small-batch float32 GEMMs on the CPU (decode steps: one row per running sequence)
-# run through a weight packed once into a blocked layout: MKL's (kernels/cpu_mkl.py,
-# where torch carries MKL and the extension builds), else oneDNN's. Every linear weight
-# of SmolLM2 once, 2 threads, ms: 16 rows 47 MKL packed / 55 oneDNN packed / 74
-# F.linear, 64 rows 97 / 112 / 135; at hundreds of rows (prefill) they are about equal,
-# so bigger batches keep F.linear. The packed copy doubles the weights' memory.
-# Below 4 rows MKL's matrix-vector path (F.linear) is as fast: 1 row 27 ms F.linear /
-# 25 MKL packed / 32 oneDNN packed at 2 threads (1 thread: 44 vs 58 oneDNN; RESULTS.md).
-PACKED_MIN_ROWS = 4
-PACKED_MAX_ROWS = 64
+# Float32 GEMMs on the CPU run through a weight packed once into a blocked layout:
+# oneDNN's by default (torch.ops.mkldnn, laid out for a batch of 16 rows; it multiplies
+# any row count), MKL's (kernels/cpu_mkl.py) where KVSCOPE_CPU_MKL_PACKED=1 asks for it.
+# Every linear weight of SmolLM2 once (30 layers: the weights stream from memory), 2
+# threads, CPU ms, 2026-12-06 (bench/RESULTS.md, issue 33), oneDNN / MKL packed / F.linear:
+# 1 row 40 / 30 / 38, 4 rows 33 / 81 / 81, 16 rows 51 / 125 / 128, 64 rows 152 / 240 / 211,
+# 512 rows 1034 / 1225 / 1288. (In 2026-12-02's runs MKL's had been ahead at 16-64 rows;
+# this box's torch now carries a newer oneDNN.) At one row F.linear's matrix-vector
+# product ran on one thread: a batch-1 decode step took 0.63-0.66x the wall time through
+# oneDNN's weights (both threads stream them), for 1.2-1.3x the CPU time. MKL's packing
+# serves only 4-64 rows, where it was measured ahead of F.linear; oneDNN's serves every
+# step, a 4096-token prefill included. The packed copy doubles the weights' memory.
+ONEDNN_ROWS = (1, 4096)
+MKL_ROWS = (4, 64)
+ONEDNN_BATCH_HINT = 16  # the row count oneDNN lays the weight out for
 
 
 def _onednn_packing() -> bool:
@@ -194,12 +199,17 @@ def _onednn_packing() -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-class PackedWeightCache:
-    """A packed copy of one CPU float32 weight (MKL's layout, else oneDNN's), rebuilt if
-    the weight changes.
+def packed_rows(mkl: bool) -> tuple[int, int]:
+    """The row counts (inclusive) a weight packed for MKL (else oneDNN) multiplies."""
+    return MKL_ROWS if mkl else ONEDNN_ROWS
 
-    Writer: only ``linear`` (lazily, on the first small batch). Staleness is caught by
-    the weight's storage pointer and version counter (in-place loads bump it).
+
+class PackedWeightCache:
+    """A packed copy of one CPU float32 weight (oneDNN's layout, or MKL's where asked),
+    rebuilt if the weight changes.
+
+    Writer: only ``linear`` (lazily, on the first float32 CPU call). Staleness is caught
+    by the weight's storage pointer and version counter (in-place loads bump it).
     """
 
     __slots__ = ("packed", "mkl", "ptr", "version", "failed")
@@ -213,8 +223,11 @@ class PackedWeightCache:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, through the packed weight when that is faster."""
-        if (x.dim() != 2 or not PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS or x.device.type != "cpu"
-                or x.dtype != torch.float32 or weight.dtype != torch.float32 or self.failed):
+        if (x.dim() != 2 or x.device.type != "cpu" or x.dtype != torch.float32
+                or weight.dtype != torch.float32 or self.failed):
+            return F.linear(x, weight, bias)
+        lo, hi = packed_rows(self.mkl if self.packed is not None else cpu_mkl.usable())
+        if not lo <= x.shape[0] <= hi:  # F.linear's own path is as fast: no packed copy for it
             return F.linear(x, weight, bias)
         packed = self._get(weight)
         if packed is None:
@@ -237,7 +250,7 @@ class PackedWeightCache:
                 if cpu_mkl.usable():
                     self.packed, self.mkl = cpu_mkl.pack(weight), True
                 elif _onednn_packing():
-                    self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+                    self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ONEDNN_BATCH_HINT)
                     self.mkl = False
             except Exception:  # noqa: BLE001 (packed stays None: the reset above)
                 pass

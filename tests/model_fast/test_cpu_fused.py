@@ -77,3 +77,23 @@ def test_fused_ops_refuse_bad_shapes():
         cpu_fused.extension().add_rms_norm(None, torch.randn(8, 4).t(), torch.ones(8), 1e-5, torch.empty(4, 8))
     with pytest.raises(RuntimeError, match="head_dim"):
         cpu_fused.extension().rope(torch.randn(2, 3, 8), torch.randn(2, 4), torch.randn(2, 4), torch.empty(2, 3, 8))
+
+
+def test_the_split_into_tasks_changes_no_result():
+    ext = cpu_fused.extension()
+    default = ext.get_grain_elems()
+    assert default == 1 << 18  # a decode batch of up to 64 SmolLM2 rows stays on one thread
+    gate_up = torch.randn(96, 2 * 1536, generator=_gen(3))
+    x, res, w = (torch.randn(96, 576, generator=_gen(s)) for s in (4, 5, 6))
+    outs = []
+    try:
+        for grain in (1, 1 << 14, default):
+            ext.set_grain_elems(grain)
+            r = res.clone()
+            outs.append((cpu_fused.silu_mul(gate_up), cpu_fused.add_rms_norm(x, r, w[0], 1e-5), r))
+    finally:
+        ext.set_grain_elems(default)
+    for other in outs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outs[0], other))
+    with pytest.raises(RuntimeError, match="at least one element"):
+        ext.set_grain_elems(0)

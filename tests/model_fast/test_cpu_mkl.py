@@ -49,17 +49,22 @@ def test_bad_arguments_are_errors_not_crashes(mkl):
         mkl.linear(torch.randn(2, 4), mkl.pack(torch.randn(3, 4)), 3, torch.randn(5))
 
 
-def test_the_packed_linears_use_mkl_and_the_switch_turns_it_off(mkl, monkeypatch):
-    lin = Linear(32, 48, True)
-    with torch.no_grad():
-        lin.weight.normal_()
-        lin.bias.normal_()
-    x = torch.randn(layers.PACKED_MIN_ROWS + 3, 32)
-    torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
-    assert lin.packed.mkl and lin.packed.packed is not None
-    monkeypatch.setattr(cpu_mkl.KERNELS, "on", False)  # as KVSCOPE_CPU_MKL_PACKED=0 decides
+def test_the_packed_linears_use_onednn_by_default_and_mkl_when_asked(mkl, monkeypatch):
+    monkeypatch.setattr(cpu_mkl.KERNELS, "on", None)  # decided again, from the environment
+    monkeypatch.delenv("KVSCOPE_CPU_MKL_PACKED", raising=False)
+    x = torch.randn(layers.MKL_ROWS[0] + 3, 32)  # a row count both packings serve
     other = Linear(32, 48, False)
     with torch.no_grad():
         other.weight.normal_()
     torch.testing.assert_close(other(x), F.linear(x, other.weight), atol=1e-4, rtol=1e-5)
     assert not other.packed.mkl  # oneDNN's packing, or none
+    monkeypatch.setattr(cpu_mkl.KERNELS, "on", None)
+    monkeypatch.setenv("KVSCOPE_CPU_MKL_PACKED", "1")
+    lin = Linear(32, 48, True)
+    with torch.no_grad():
+        lin.weight.normal_()
+        lin.bias.normal_()
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
+    assert lin.packed.mkl and lin.packed.packed is not None
+    big = torch.randn(layers.MKL_ROWS[1] + 1, 32)  # beyond MKL's rows: F.linear
+    assert torch.equal(lin(big), F.linear(big, lin.weight, lin.bias))

@@ -29,19 +29,32 @@ def test_matches_f_linear(rows, bias):
     torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
 
 
-def test_small_batches_use_the_packed_copy_and_large_ones_do_not():
+def test_batches_in_the_packed_range_use_the_packed_copy_and_others_do_not():
     if not (layers._onednn_packing() or cpu_mkl.usable()):
         pytest.skip("this torch build packs no weights")
+    lo, hi = layers.packed_rows(cpu_mkl.usable())
     lin = _filled(32, 48, True)
-    lin(torch.randn(layers.PACKED_MAX_ROWS + 1, 32))
-    assert lin.packed.packed is None
-    lin(torch.randn(4, 32))
+    for rows in (lo - 1, hi + 1):
+        x = torch.randn(rows, 32)
+        assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
+        assert lin.packed.packed is None
+    lin(torch.randn(lo, 32))
     assert lin.packed.packed is not None
+
+
+def test_onednn_packs_by_default_from_one_row_to_a_long_prefill():
+    if cpu_mkl.usable() or not layers._onednn_packing():
+        pytest.skip("MKL's packing asked for, or no oneDNN packing in this torch")
+    assert layers.packed_rows(False) == (1, 4096)
+    lin = _filled(32, 48, True)
+    x = torch.randn(2048, 32)
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-4, rtol=1e-5)
+    assert lin.packed.packed is not None and not lin.packed.mkl
 
 
 def test_repacks_after_the_weight_changes_in_place():
     lin = _filled(32, 48, False)
-    x = torch.randn(layers.PACKED_MIN_ROWS + 1, 32)
+    x = torch.randn(layers.packed_rows(cpu_mkl.usable())[0] + 1, 32)
     lin(x)
     first = lin.packed.packed
     with torch.no_grad():
@@ -61,6 +74,6 @@ def test_other_dtypes_fall_back(monkeypatch):
 def test_switched_off_by_environment(monkeypatch):
     monkeypatch.setenv("KVSCOPE_PACKED_LINEAR", "0")
     lin = _filled(16, 8, False)
-    x = torch.randn(layers.PACKED_MIN_ROWS + 1, 16)
+    x = torch.randn(layers.packed_rows(cpu_mkl.usable())[0] + 1, 16)
     assert torch.equal(lin(x), F.linear(x, lin.weight))
     assert lin.packed.packed is None
