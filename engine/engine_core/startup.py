@@ -19,6 +19,7 @@ from engine.core import (
 )
 from engine.engine_core.core import EngineCore
 from engine.model.attention import select_backend
+from engine.model.layers import prepack_linears
 from engine.model.loader import LoadedModel, load_model
 from engine.model.model_runner import ModelRunner
 
@@ -143,6 +144,8 @@ def build_engine_core(cfg: EngineConfig, loaded: LoadedModel | None = None) -> E
     scheduler = Scheduler(sched, cache, EventLog(enabled=cfg.enable_events))  # checks capacity
     backend = select_backend(cfg.attention_backend, device)
     runner = ModelRunner(loaded, num_blocks, cfg.block_size, backend)
+    if device.type == "cpu":
+        prepack_linears(loaded.model)  # at load, not on the first request's TTFT
     logger.info(
         "KV cache: %d blocks x %d tokens = %d token slots (%.1f MiB, from %s); "
         "maximum concurrency for %d tokens per request: %.2fx; attention backend: %s",

@@ -77,3 +77,21 @@ def test_switched_off_by_environment(monkeypatch):
     x = torch.randn(layers.packed_rows(cpu_mkl.usable())[0] + 1, 16)
     assert torch.equal(lin(x), F.linear(x, lin.weight))
     assert lin.packed.packed is None
+
+
+def test_prepack_packs_every_float32_linear_at_load_and_the_results_are_the_same():
+    """``prepack_linears`` (the engine core calls it at load on the CPU) packs each weight
+    the way the first forward would have, so that forward is no slower and no different."""
+    if not (layers._onednn_packing() or cpu_mkl.usable()):
+        pytest.skip("this torch build packs no weights")
+    model = torch.nn.Sequential(_filled(32, 48, True, seed=1), _filled(48, 16, False, seed=2))
+    reduced = _filled(32, 8, False, seed=3)
+    reduced.reduced = object()  # a reduced-precision linear has no float32 weight to pack
+    model.append(reduced)
+    assert layers.prepack_linears(model) == 2
+    first = model[0].packed.packed
+    assert first is not None and reduced.packed.packed is None
+    x = torch.randn(3, 32)
+    lazy = _filled(32, 48, True, seed=1)
+    assert torch.equal(model[0](x), lazy(x))  # the packed copy, made at load, gives what a lazy one does
+    assert model[0].packed.packed is first  # and the forward reused it
