@@ -89,9 +89,8 @@ def token_usage(r: dict[str, Any]) -> tuple[float | None, float | None]:
     usage, blocks = sc.get("kv_cache_usage"), sc.get("num_gpu_blocks")
     if usage is None or not blocks or r.get("completeness") != 1.0 or r.get("restarts"):
         return None, None
-    n = int(blocks) - 1  # vLLM's null block is never handed out (its usage leaves it out)
     try:
-        b = TokenUsageBound.of(n, min(n, round(usage * n)), min(n, r.get("gpu_stored_copies", 0)))
+        b = TokenUsageBound.of_vllm(blocks, usage, r.get("gpu_stored_copies", 0))
     except ValueError:
         return None, None
     return b.low, b.high

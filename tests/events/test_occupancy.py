@@ -21,6 +21,8 @@ def test_bound_hand_checked():
     # vLLM #57336's shape: a full pool, every request's first block full and stored
     assert TokenUsageBound.of(32, 32, 16) == TokenUsageBound(0.5, 1.0)
     assert TokenUsageBound.of(4, 0, 0) == TokenUsageBound(0.0, 0.0)
+    # a vLLM pod of 17 blocks (16 usable: the null block) at 50% usage holding 10 stored copies
+    assert TokenUsageBound.of_vllm(17, 0.5, 10) == TokenUsageBound(2 / 16, 8 / 16)
 
 
 @pytest.mark.parametrize("args, msg", [

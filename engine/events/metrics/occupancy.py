@@ -65,5 +65,13 @@ class TokenUsageBound:
         return cls(low=max(0, num_stored_blocks - free) / num_blocks,
                    high=num_used_blocks / num_blocks)
 
+    @classmethod
+    def of_vllm(cls, num_gpu_blocks: int, kv_cache_usage: float, num_stored_blocks: int) -> TokenUsageBound:
+        """The bound for a vLLM v1 pod from its ``/metrics`` (``cache_config_info``'s
+        ``num_gpu_blocks``, ``kv_cache_usage_perc``) and its stored GPU copies: ``N`` leaves the
+        null block out, ``U = round(usage x N)`` (module docstring); ValueError as ``of``."""
+        n = int(num_gpu_blocks) - 1
+        return cls.of(n, min(n, round(kv_cache_usage * n)), min(n, num_stored_blocks))
+
     def holds(self, token_usage: float) -> bool:
         return self.low <= token_usage <= self.high
