@@ -127,7 +127,7 @@ def _sweep(args: argparse.Namespace, trace, cfg) -> int:
     try:
         sweeps = parse_sweeps(args.sweep)
         rows = run_sweep(trace, cfg, sweeps, progress=None if args.json else
-                         lambda r: print(f"  {r}", file=sys.stderr))
+                         lambda r: print(f"  {r}", file=sys.stderr), workers=args.workers)
     except (ValueError, TypeError) as exc:
         print(f"kvscope simulate: {exc}", file=sys.stderr)
         return 1
@@ -183,6 +183,8 @@ def add_simulate_subcommands(subparsers: Any) -> None:
     p.add_argument("--sweep", action="append", metavar="NAME=V1,V2",
                    help="run every combination (num_kv_blocks, block_size, pods, router, max_num_seqs, "
                    "max_num_batched_tokens) and print a table")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="with --sweep: run its simulations in N processes (one core each)")
     p.add_argument("--figure", default=None, metavar="FILE",
                    help="with --sweep: the capacity curve (hit rate against memory per router) as .html, "
                    ".json or .png (drawn by Chromium through playwright)")

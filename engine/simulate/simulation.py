@@ -45,6 +45,7 @@ class SimConfig:
     cost: StepCost
     arrivals: str = "times"
     keep_events: bool = False  # needed to record the runs
+    miss_causes: bool = True  # False: no miss-cause book (hit rates and decisions the same)
     router_args: dict = field(default_factory=dict)  # e.g. Dynamo's overlap_weight
 
     def __post_init__(self) -> None:
@@ -117,10 +118,19 @@ def _sub(a: float | None, b: float) -> float | None:
     return None if a is None else a - b
 
 
-def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None) -> SimResult:
+def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None,
+             known_hashes: dict | None = None) -> SimResult:
+    """``known_hashes``: a dict the caller keeps across runs of this one trace (a sweep):
+    each request's prompt hashes per block size and hash algorithm, filled by the first
+    run that needs them and read by the next, not hashed again (the same hashes)."""
     keep = cfg.keep_events or recorder is not None
+    if keep and not cfg.miss_causes:
+        raise ValueError("a recorded simulation keeps its miss causes (events carry them)")
     with _no_cycle_collector():  # from the pools' blocks on (a sweep's pods: millions)
         pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep) for k in range(cfg.num_pods)]
+        for p in pods:
+            if not cfg.miss_causes:
+                p.kv.drop_miss_causes()
         for p in pods:
             p.fleet = pods
         rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None
@@ -129,7 +139,11 @@ def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | No
         if cfg.arrivals == "steps":
             _by_steps(trace, pods[0], times, rec)
         else:
-            _by_times(trace, pods, router, times, rec, get_hasher(cfg.cache.prefix_caching_hash_algo))
+            known = None
+            if known_hashes is not None:
+                key = (cfg.cache.block_size, cfg.cache.prefix_caching_hash_algo)
+                known = known_hashes.setdefault(key, [None] * len(trace.requests))
+            _by_times(trace, pods, router, times, rec, get_hasher(cfg.cache.prefix_caching_hash_algo), known)
     result = SimResult(cfg, pods, times, trace, rec.run_ids if rec else [])
     if rec is not None:
         rec.finish(result)
@@ -189,7 +203,7 @@ def _by_steps(trace: Trace, pod: SimPod, times: list[RequestTimes], rec: _Record
 
 
 def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes],
-              rec: _Recording | None, hasher) -> None:
+              rec: _Recording | None, hasher, known: list | None = None) -> None:
     reqs = trace.requests
     prompt_hashes = PromptHashes(hasher, pods[0].kv.block_size)
     ends: list[tuple[float, int]] = []  # (step end, pod)
@@ -201,7 +215,11 @@ def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes
             while i < len(reqs) and reqs[i].arrival_s == t_arr:
                 tr = reqs[i]
                 tokens = tr.tokens()
-                hashes = prompt_hashes(tr, tokens)
+                hashes = None if known is None else known[i]
+                if hashes is None:
+                    hashes = prompt_hashes(tr, tokens)
+                    if known is not None:
+                        known[i] = hashes
                 k = router.route(Routed(tr.request_id, tokens, hashes), pods)
                 times[i] = RequestTimes(k, t_arr)
                 pods[k].arrive(tr, i, times[i], tokens, hashes)

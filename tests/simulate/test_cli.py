@@ -91,3 +91,31 @@ def test_a_sweep_prints_a_row_per_combination_and_draws_the_capacity_curve(tmp_p
     names = [t["name"] for t in figure["data"]]
     assert names == ["round-robin", "oracle"]
     assert figure["data"][1]["y"] == [100 * by[(1100, "oracle")], 100 * by[(3000, "oracle")]]
+
+
+def test_a_sweep_in_two_processes_gives_the_serial_sweeps_rows_and_each_runs_own_figures():
+    """``run_sweep(workers=2)``: forked workers, the same rows byte for byte as one process,
+    and each row's figures those of a run of its own (with the miss-cause book, prompt
+    hashes not shared): the sweep's shortcuts change nothing it reports."""
+    from engine.cli import build_parser
+    from engine.simulate.commands import build_config, load_trace
+    from engine.simulate.report import summarize
+    from engine.simulate.simulation import simulate
+    from engine.simulate.sweep import _with, run_sweep
+
+    args = build_parser().parse_args(["simulate", str(SHIPPED), "--pods", "2", "--num-kv-blocks", "1100",
+                                      "--max-num-batched-tokens", "2048", *COST])
+    trace = load_trace(args.trace, None, None)
+    base = build_config(args, trace)
+    sweeps = {"num_kv_blocks": [1100, 3000], "router": ["round-robin", "precise-prefix", "oracle"]}
+    serial, seen = run_sweep(trace, base, sweeps), []
+    parallel = run_sweep(trace, base, sweeps, progress=seen.append, workers=2)
+    assert json.dumps(parallel) == json.dumps(serial) and seen == parallel and len(serial) == 6
+    for row in serial:
+        s = summarize(simulate(trace, _with(_with(base, "num_kv_blocks", row["num_kv_blocks"]),
+                                            "router", row["router"])))
+        assert (row["prefix_cache_hit_rate"], row["reachable_hit_rate"], row["num_blocks_evicted"],
+                row["num_preemptions"], row["ttft_p50_s"], row["num_steps"]) == (
+            s["prefix_cache_hit_rate"], s["reachable_hit_rate"], s["num_blocks_evicted"],
+            s["num_preemptions"], s["ttft_s"]["p50"], s["num_steps"])
+    assert any(r["num_blocks_evicted"] > 0 for r in serial)
