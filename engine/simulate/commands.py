@@ -81,8 +81,14 @@ def build_config(args: argparse.Namespace, trace) -> Any:
         steps = trace.source.startswith("run:") and args.pods == 1 and not overridden
         arrivals = "steps" if steps else "times"
     cost = StepCost.parse(args.step_cost) if args.step_cost else default_cost()
+    record_pods = getattr(args, "record_pods", None)
+    if record_pods is not None:
+        try:
+            record_pods = tuple(int(k) for k in record_pods.split(","))
+        except ValueError:
+            raise ValueError(f"--record-pods {args.record_pods!r}: pod numbers, e.g. 0,3") from None
     return SimConfig(args.pods, args.router, sched, cache, cost, arrivals,
-                     router_args=_router_args(getattr(args, "router_arg", None) or []))
+                     router_args=_router_args(getattr(args, "router_arg", None) or []), record_pods=record_pods)
 
 
 def _router_args(items: list[str]) -> dict[str, float]:
@@ -176,6 +182,9 @@ def add_simulate_subcommands(subparsers: Any) -> None:
                    "(a recorded run on one pod with its settings; auto picks it then)")
     p.add_argument("--tokenizer", default=None, help="a model directory, for traces of prompt text")
     p.add_argument("--record", action="store_true", help="record each pod as a 'simulated' run")
+    p.add_argument("--record-pods", default=None, metavar="K1,K2",
+                   help="with --record: record only these pods (numbered from 0); the others are "
+                   "simulated the same but keep no events, and each run says which pods were kept")
     p.add_argument("--label", default=None)
     p.add_argument("--db", default=None, help="the run store (default: $KVSCOPE_DB or kvscope.db)")
     p.add_argument("--router-arg", action="append", metavar="NAME=NUMBER",

@@ -119,3 +119,48 @@ def test_a_sweep_in_two_processes_gives_the_serial_sweeps_rows_and_each_runs_own
             s["prefix_cache_hit_rate"], s["reachable_hit_rate"], s["num_blocks_evicted"],
             s["num_preemptions"], s["ttft_s"]["p50"], s["num_steps"])
     assert any(r["num_blocks_evicted"] > 0 for r in serial)
+
+
+def test_recording_sampled_pods_keeps_exactly_those_pods_and_says_so(tmp_path):
+    """``record_pods``: runs for those pods only, every step of theirs (they replay to the
+    pod's true state), none of the others' events; the fleet decides as when all are
+    recorded, and each run's config and label say which pods were kept."""
+    from engine.core import CacheConfig, SchedulerConfig
+    from engine.simulate.cost import StepCost
+    from engine.simulate.report import summarize
+    from engine.simulate.simulation import SimConfig, simulate
+    from engine.simulate.trace import read_jsonl
+    from engine.store.recorder import Recorder
+    from dashboard.views.replay import simulated_note
+
+    trace = read_jsonl(SHIPPED)
+    trace = dataclasses.replace(trace, requests=trace.requests[:60])
+    cfg = SimConfig(4, "least-loaded", SchedulerConfig(max_model_len=16384, max_num_batched_tokens=1024),
+                    CacheConfig(block_size=16, num_blocks=1100), StepCost(0.005, 2e-5, 5e-4, 0.0),
+                    record_pods=(3, 1))
+    results = {}
+    for name, c in (("some", cfg), ("all", dataclasses.replace(cfg, record_pods=None))):
+        rec = Recorder(str(tmp_path / f"{name}.sqlite"))
+        results[name] = simulate(trace, c, recorder=rec, label="t")
+        rec.close()
+    some, every = results["some"], results["all"]
+    assert len(some.run_ids) == 2 and len(every.run_ids) == 4
+    a, b = summarize(some), summarize(every)
+    a.pop("run_ids"), b.pop("run_ids")
+    assert a == b and [dataclasses.astuple(t) for t in some.requests] == [dataclasses.astuple(t) for t in every.requests]
+    assert [p.log.enabled for p in some.pods] == [False, True, False, True]
+    store = RunStore(str(tmp_path / "some.sqlite"))
+    runs = {r["id"]: r for r in store.list_runs()}
+    for pod, rid in zip((some.pods[1], some.pods[3]), some.run_ids):
+        run = runs[rid]
+        assert run["label"] == f"t pod {pod.index}/4 (recorded: pods 1, 3 of 4)"
+        sim = run["config"]["simulated"]
+        assert (sim["pod"], sim["recorded_pods"]) == (pod.index, [1, 3])
+        assert "Only pods 1, 3 of the 4 were recorded" in simulated_note(sim)
+        assert len(store.load_steps(rid)) == pod.num_steps > 0
+        truth = pod.scheduler.snapshot()
+        assert dataclasses.replace(store.state_at(rid).to_snapshot(), step=truth.step) == truth
+        assert len(store.load_requests(rid)) == sum(1 for t in some.requests if t.pod == pod.index)
+    assert sum(1 for t in some.requests if t.pod in (0, 2)) > 0  # the others served requests
+    with __import__("pytest").raises(ValueError, match="pod numbers 0..3"):
+        dataclasses.replace(cfg, record_pods=(4,))
