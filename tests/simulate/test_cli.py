@@ -164,3 +164,18 @@ def test_recording_sampled_pods_keeps_exactly_those_pods_and_says_so(tmp_path):
     assert sum(1 for t in some.requests if t.pod in (0, 2)) > 0  # the others served requests
     with __import__("pytest").raises(ValueError, match="pod numbers 0..3"):
         dataclasses.replace(cfg, record_pods=(4,))
+
+
+def test_no_miss_causes_reports_the_same_hits_without_causes_and_says_so(capsys, tmp_path):
+    args = ["simulate", str(SHIPPED), "--pods", "2", "--router", "precise-prefix", "--num-kv-blocks", "1100",
+            "--max-num-batched-tokens", "2048", "--json", *COST]
+    assert main(args) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert main(args + ["--no-miss-causes"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert full["prefix_cache_miss_evicted"] > 0 and bare["prefix_cache_miss_evicted"] is None
+    assert bare["notes"] and "not classified" in bare["notes"][0]
+    for k in ("prefix_cache_hits", "prefix_cache_queries", "num_blocks_evicted", "num_preemptions", "ttft_s"):
+        assert bare[k] == full[k]
+    assert main(args + ["--no-miss-causes", "--record", "--db", str(tmp_path / "x.sqlite")]) == 1
+    assert "--record keeps the miss causes" in capsys.readouterr().err
