@@ -28,6 +28,7 @@ from engine.core import CacheConfig, SchedulerConfig
 from engine.simulate.cost import default_cost
 from engine.simulate.report import summarize
 from engine.simulate.simulation import SimConfig, simulate
+from engine.simulate.sweep import map_runs
 from engine.simulate.trace import Trace, read_jsonl
 
 SWEEP_BLOCKS = (15_000, 30_000, 45_000, 60_000, 90_000, 120_000, 180_000, 240_000)
@@ -41,7 +42,7 @@ def config(args: argparse.Namespace, pods: int, router: str, blocks: int) -> Sim
                      default_cost())
 
 
-def run_one(trace: Trace, cfg: SimConfig) -> dict:
+def run_one(trace: Trace, cfg: SimConfig, known_hashes: dict | None = None) -> dict:
     load0 = os.getloadavg()[0]
     gc_s = [0.0, 0.0]  # time in the garbage collector, and when the running one started
 
@@ -54,7 +55,7 @@ def run_one(trace: Trace, cfg: SimConfig) -> dict:
     gc.callbacks.append(gc_timer)
     c0, t0 = time.process_time(), time.perf_counter()
     try:
-        res = simulate(trace, cfg)
+        res = simulate(trace, cfg, known_hashes=known_hashes)
     finally:
         gc.callbacks.remove(gc_timer)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -68,8 +69,20 @@ def run_one(trace: Trace, cfg: SimConfig) -> dict:
             "steps_per_s": round(steps / wall, 1), "prompt_tokens_per_s": round(prompt / wall),
             "num_blocks_stored": sum(p.num_blocks_stored for p in res.pods),
             "num_blocks_evicted": s["num_blocks_evicted"], "num_preemptions": s["num_preemptions"],
+            "miss_causes": cfg.miss_causes, "max_rss_mib": round(_max_rss_mib()),
             "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "reachable_hit_rate": s["reachable_hit_rate"],
             "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2)}
+
+
+def _cpu_with_children() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _max_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,18 +99,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, help="cProfile the run, print the top N")
     p.add_argument("--sweep", action="store_true", help=f"{len(SWEEP_BLOCKS)} pool sizes x "
                    f"{len(SWEEP_ROUTERS)} routers on --pods pods")
+    p.add_argument("--workers", type=int, default=1, help="--sweep: processes running its runs")
+    p.add_argument("--no-miss-causes", action="store_true", help="one run without the miss-cause book "
+                   "(a sweep never keeps one)")
     a = p.parse_args(argv)
     trace = read_jsonl(__import__("pathlib").Path(a.trace))
     if a.requests:
         trace = dataclasses.replace(trace, requests=trace.requests[:a.requests])
-    if a.sweep:
-        t0 = time.perf_counter()
-        for blocks in SWEEP_BLOCKS:
-            for router in SWEEP_ROUTERS:
-                print(json.dumps(run_one(trace, config(a, a.pods, router, blocks))), flush=True)
-        print(json.dumps({"sweep_wall_s": round(time.perf_counter() - t0, 1)}))
+    if a.sweep:  # as run_sweep runs it: no miss causes, prompt hashes shared, --workers
+        t0, c0, load0 = time.perf_counter(), _cpu_with_children(), os.getloadavg()[0]
+        cfgs = [dataclasses.replace(config(a, a.pods, router, blocks), miss_causes=False)
+                for blocks in SWEEP_BLOCKS for router in SWEEP_ROUTERS]
+        for row in map_runs(run_one, trace, cfgs, a.workers):
+            print(json.dumps(row), flush=True)
+        print(json.dumps({"sweep_wall_s": round(time.perf_counter() - t0, 1), "runs": len(cfgs),
+                          "workers": a.workers, "sweep_cpu_s": round(_cpu_with_children() - c0, 1),
+                          "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2)}))
         return 0
-    cfg = config(a, a.pods, a.router, a.num_kv_blocks)
+    cfg = dataclasses.replace(config(a, a.pods, a.router, a.num_kv_blocks), miss_causes=not a.no_miss_causes)
     if a.profile:
         import cProfile
         import pstats

@@ -39,8 +39,11 @@ def _pick_run(store: RunStore) -> dict | None:
 
 
 def _run_details(store: RunStore, run: dict) -> None:
+    cfg = run.get("config") or {}
+    sim = cfg.get("simulated") if run.get("kind") == "simulated" else None
+    if isinstance(sim, dict):
+        st.caption(simulated_note(sim))
     with st.expander("Run details: engine config and label"):
-        cfg = run.get("config") or {}
         if run.get("kind") == "attached":
             st.caption("An attached run: `kvscope attach` recorded these pods' KV event streams.")
             st.dataframe(cfg.get("pods") or [], hide_index=True)
@@ -53,6 +56,17 @@ def _run_details(store: RunStore, run: dict) -> None:
             if st.form_submit_button("Save label"):
                 store.label_run(run["id"], label.strip() or None)
                 st.rerun()
+
+
+def simulated_note(sim: dict) -> str:
+    """What a simulated run is, and which of its fleet's pods were recorded."""
+    n, kept = sim.get("pods", 1), sim.get("recorded_pods")
+    text = (f"A simulated run (`kvscope simulate`): pod {sim.get('pod')} of {n} behind the "
+            f"{sim.get('router')} router, on the virtual clock of its step-cost model.")
+    if kept is not None and len(kept) < n:
+        text += (f" Only pod{'s' * (len(kept) > 1)} {', '.join(map(str, kept))} of the {n} were recorded: "
+                 f"the others were simulated the same way but kept no events.")
+    return text
 
 
 def _set_index(i: int | None) -> None:

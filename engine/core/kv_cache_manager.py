@@ -96,10 +96,22 @@ class KVCacheManager:
         return m
 
     def _classify(self, req: Request, m: PrefixMatch) -> None:
-        """Fill in ``m``'s miss causes (the pool as it was at the lookup: nothing between)."""
-        m.miss_cold, m.miss_evicted, m.miss_partial = self.misses.classify(
-            req.token_ids, m.hashes, len(m.blocks), self.pool.cached)
+        """Fill in ``m``'s miss causes (the pool as it was at the lookup: nothing between).
+        Without the book (``drop_miss_causes``) every miss token reads ``cold``."""
+        if self.misses is None:
+            m.miss_cold = m.num_query_tokens - m.num_tokens
+        else:
+            m.miss_cold, m.miss_evicted, m.miss_partial = self.misses.classify(
+                req.token_ids, m.hashes, len(m.blocks), self.pool.cached)
         m.classified, m.hashes = True, None
+
+    def drop_miss_causes(self) -> None:
+        """No miss-cause book from now on (before the first request): the pool's hooks
+        are unset and every miss counts as ``cold``; hits, counts and every decision are
+        unchanged. For callers that read only hit rates (a simulator's sweep): the book's
+        per-block bookkeeping is a sixth of a fleet trace's run."""
+        self.misses = None
+        self.pool._on_cached = self.pool._on_uncached = None
 
     # ---- allocation ---------------------------------------------------------
 

@@ -25,8 +25,9 @@ which the KVCacheManager wires up; ``classify`` only reads.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -64,9 +65,9 @@ class MissCauses:
 
     def cached(self, blocks: Sequence[Block]) -> None:
         """These blocks just got their hashes (the pool's ``on_cached`` hook: a run at once)."""
-        forget, children = self._dropped.pop, self._children
+        children = self._children
+        deque(map(self._dropped.pop, [b.hash for b in blocks], repeat(None)), maxlen=0)  # in C
         for block in blocks:
-            forget(block.hash, None)
             parent = block.parent_hash
             siblings = children.get(parent)
             if siblings is None:
@@ -91,9 +92,12 @@ class MissCauses:
                 siblings.discard(block)
                 if not siblings:
                     del children[parent]
-            h = block.hash
-            dropped[h] = None
-            dropped.move_to_end(h)  # dropped again: now the most recent
+        # each hash now the most recent drop, in order (one dropped again moves to the
+        # end): out of the book, then in at its end, both in C (a cached hash is held by
+        # one block, so the run has no repeats)
+        hashes = [b.hash for b in blocks]
+        deque(map(dropped.pop, hashes, repeat(None)), maxlen=0)
+        dropped.update(dict.fromkeys(hashes))
         for _ in range(len(dropped) - self.max_remembered):
             dropped.popitem(last=False)
 

@@ -16,6 +16,10 @@ from engine.simulate.pod import RequestTimes
 from engine.simulate.simulation import SimResult
 
 
+MISS_CAUSES_OFF = ("misses not classified (run without the miss-cause book): cold / evicted / partial "
+                   "are not reported; hit rates, evictions and every decision are the same")
+
+
 def _pcts(values: list[float]) -> dict[str, float | None]:
     v = sorted(values)
     return {f"p{q}": percentile(v, q) for q in (50, 90, 99)}
@@ -75,9 +79,15 @@ def summarize(result: SimResult) -> dict[str, Any]:
         pods.append(d)
     from engine.simulate.routers import ROUTERS
 
+    notes = list(result.trace.notes)
+    if not cfg.miss_causes:
+        notes.append(MISS_CAUSES_OFF)
+        for d in [overall, *pods]:
+            for cause in ("cold", "evicted", "partial"):
+                d[f"prefix_cache_miss_{cause}"] = None
     return {
         "trace": result.trace.source,
-        "notes": list(result.trace.notes),
+        "notes": notes,
         "settings": {
             "pods": cfg.num_pods, "router": cfg.router, "router_models": ROUTERS[cfg.router].models,
             "arrivals": cfg.arrivals, "num_kv_blocks": cfg.cache.num_blocks,

@@ -45,7 +45,9 @@ class SimConfig:
     cost: StepCost
     arrivals: str = "times"
     keep_events: bool = False  # needed to record the runs
+    miss_causes: bool = True  # False: no miss-cause book (hit rates and decisions the same)
     router_args: dict = field(default_factory=dict)  # e.g. Dynamo's overlap_weight
+    record_pods: tuple[int, ...] | None = None  # recording: these pods' events only (None: all)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_pods, int) or self.num_pods < 1:
@@ -56,6 +58,15 @@ class SimConfig:
             raise ValueError(f"arrivals must be one of {ARRIVALS}, got {self.arrivals!r}")
         if self.arrivals == "steps" and self.num_pods != 1:
             raise ValueError("arrivals by steps replay one engine run on one pod (--pods 1)")
+        if self.record_pods is not None:
+            bad = [k for k in self.record_pods if not isinstance(k, int) or not 0 <= k < self.num_pods]
+            if bad or not self.record_pods:
+                raise ValueError(f"recorded pods must be pod numbers 0..{self.num_pods - 1}, "
+                                 f"got {list(self.record_pods)!r}")
+            self.record_pods = tuple(sorted(set(self.record_pods)))
+
+    def recorded(self, pod: int) -> bool:
+        return self.record_pods is None or pod in self.record_pods
 
 
 @dataclass
@@ -72,25 +83,33 @@ class SimResult:
 
 
 class _Recording:
-    """Each pod's steps as a ``simulated`` run, written through a Recorder."""
+    """Each recorded pod's steps as a ``simulated`` run, written through a Recorder. With
+    ``record_pods`` only those pods are runs: every event of theirs, none of the others'
+    (each run's config says which pods of the fleet were kept, and its label too)."""
 
     def __init__(self, recorder: Any, cfg: SimConfig, pods: list[SimPod], trace: Trace, label: str | None):
         self.recorder = recorder
-        self.trackers = []
-        self.run_ids = []
+        self.trackers: dict[int, MetricsTracker] = {}
+        self.run_ids: dict[int, str] = {}
         self.seq = [0] * len(pods)
+        kept = list(range(cfg.num_pods)) if cfg.record_pods is None else list(cfg.record_pods)
+        some = "" if len(kept) == cfg.num_pods else f" (recorded: pod{'s' * (len(kept) > 1)} " \
+            f"{', '.join(map(str, kept))} of {cfg.num_pods})"
         for p in pods:
+            if not cfg.recorded(p.index):
+                continue
             conf = {"num_blocks": cfg.cache.num_blocks, "block_size": cfg.cache.block_size,
                     "max_num_batched_tokens": cfg.sched.max_num_batched_tokens,
                     "max_num_seqs": cfg.sched.max_num_seqs, "max_model_len": cfg.sched.max_model_len,
                     "enable_prefix_caching": cfg.cache.enable_prefix_caching,
                     "scheduling_policy": cfg.sched.policy, "simulated": {
                         "trace": trace.source, "pod": p.index, "pods": cfg.num_pods,
-                        "router": cfg.router, "arrivals": cfg.arrivals, "step_cost": cfg.cost.to_dict()}}
-            name = f"{label or 'simulate'} pod {p.index}/{cfg.num_pods}"
-            self.run_ids.append(recorder.start_run(conf, model=None, label=name, kind="simulated"))
-            self.trackers.append(MetricsTracker(MetricsConfig(
-                cfg.cache.block_size, cfg.cache.num_blocks, cfg.sched.max_num_batched_tokens)))
+                        "router": cfg.router, "arrivals": cfg.arrivals, "step_cost": cfg.cost.to_dict(),
+                        "recorded_pods": kept}}
+            name = f"{label or 'simulate'} pod {p.index}/{cfg.num_pods}{some}"
+            self.run_ids[p.index] = recorder.start_run(conf, model=None, label=name, kind="simulated")
+            self.trackers[p.index] = MetricsTracker(MetricsConfig(
+                cfg.cache.block_size, cfg.cache.num_blocks, cfg.sched.max_num_batched_tokens))
 
     def step(self, pod: SimPod) -> None:
         events = pod.log.drain()
@@ -103,13 +122,15 @@ class _Recording:
 
     def finish(self, result: SimResult) -> None:
         for tr, t in zip(result.trace.requests, result.requests):
+            if t.pod not in self.run_ids:
+                continue
             self.recorder.record_request(
                 tr.request_id, prompt=f"({tr.num_prompt_tokens} prompt tokens, simulated)",
                 params={"max_tokens": tr.output_length},
                 outputs=[], timings={"num_cached_tokens": t.num_cached_tokens, "ttft_s": _sub(t.first_token, t.arrival),
                                      "e2e_s": _sub(t.finished, t.arrival)},
                 run_id=self.run_ids[t.pod], source="simulate")
-        for rid in self.run_ids:
+        for rid in self.run_ids.values():
             self.recorder.finish(rid)
 
 
@@ -117,10 +138,20 @@ def _sub(a: float | None, b: float) -> float | None:
     return None if a is None else a - b
 
 
-def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None) -> SimResult:
+def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None,
+             known_hashes: dict | None = None) -> SimResult:
+    """``known_hashes``: a dict the caller keeps across runs of this one trace (a sweep):
+    each request's prompt hashes per block size and hash algorithm, filled by the first
+    run that needs them and read by the next, not hashed again (the same hashes)."""
     keep = cfg.keep_events or recorder is not None
+    if keep and not cfg.miss_causes:
+        raise ValueError("a recorded simulation keeps its miss causes (events carry them)")
     with _no_cycle_collector():  # from the pools' blocks on (a sweep's pods: millions)
-        pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep) for k in range(cfg.num_pods)]
+        pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep and cfg.recorded(k))
+                for k in range(cfg.num_pods)]
+        for p in pods:
+            if not cfg.miss_causes:
+                p.kv.drop_miss_causes()
         for p in pods:
             p.fleet = pods
         rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None
@@ -129,8 +160,12 @@ def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | No
         if cfg.arrivals == "steps":
             _by_steps(trace, pods[0], times, rec)
         else:
-            _by_times(trace, pods, router, times, rec, get_hasher(cfg.cache.prefix_caching_hash_algo))
-    result = SimResult(cfg, pods, times, trace, rec.run_ids if rec else [])
+            known = None
+            if known_hashes is not None:
+                key = (cfg.cache.block_size, cfg.cache.prefix_caching_hash_algo)
+                known = known_hashes.setdefault(key, [None] * len(trace.requests))
+            _by_times(trace, pods, router, times, rec, get_hasher(cfg.cache.prefix_caching_hash_algo), known)
+    result = SimResult(cfg, pods, times, trace, list(rec.run_ids.values()) if rec else [])
     if rec is not None:
         rec.finish(result)
     return result
@@ -189,7 +224,7 @@ def _by_steps(trace: Trace, pod: SimPod, times: list[RequestTimes], rec: _Record
 
 
 def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes],
-              rec: _Recording | None, hasher) -> None:
+              rec: _Recording | None, hasher, known: list | None = None) -> None:
     reqs = trace.requests
     prompt_hashes = PromptHashes(hasher, pods[0].kv.block_size)
     ends: list[tuple[float, int]] = []  # (step end, pod)
@@ -201,7 +236,11 @@ def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes
             while i < len(reqs) and reqs[i].arrival_s == t_arr:
                 tr = reqs[i]
                 tokens = tr.tokens()
-                hashes = prompt_hashes(tr, tokens)
+                hashes = None if known is None else known[i]
+                if hashes is None:
+                    hashes = prompt_hashes(tr, tokens)
+                    if known is not None:
+                        known[i] = hashes
                 k = router.route(Routed(tr.request_id, tokens, hashes), pods)
                 times[i] = RequestTimes(k, t_arr)
                 pods[k].arrive(tr, i, times[i], tokens, hashes)
@@ -229,7 +268,7 @@ def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes
 def _step_done(p: SimPod, rec: _Recording | None) -> None:
     """The step's events go to the recording; kept with none (``keep_events``), they are
     dropped here, or the pod, busy while events wait, would step for ever."""
-    if rec is not None:
+    if rec is not None and p.index in rec.run_ids:
         rec.step(p)
     elif p.log.events:
         p.log.drain()

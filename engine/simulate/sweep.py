@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, Iterator
 
 from engine.simulate.simulation import SimConfig, simulate
 
@@ -45,27 +45,66 @@ def _with(cfg: SimConfig, name: str, value: Any) -> SimConfig:
     return dataclasses.replace(cfg, sched=dataclasses.replace(cfg.sched, **{name: value}))
 
 
-def run_sweep(trace, base: SimConfig, sweeps: dict[str, list[Any]], progress=None) -> list[dict[str, Any]]:
-    from engine.simulate.report import summarize
-
+def run_sweep(trace, base: SimConfig, sweeps: dict[str, list[Any]], progress=None,
+              workers: int = 1) -> list[dict[str, Any]]:
+    """A row per combination, in the product's order. The runs read no miss causes (the
+    rows have none), so none are classified (``SimConfig.miss_causes``), and they share
+    each request's prompt hashes. ``workers`` > 1: that many forked processes run them,
+    the same rows (tests/simulate/test_cli.py)."""
     names = list(sweeps)
-    rows = []
-    for values in itertools.product(*(sweeps[n] for n in names)):
-        cfg = base
+    combos = list(itertools.product(*(sweeps[n] for n in names)))
+    cfgs = []
+    for values in combos:
+        cfg = dataclasses.replace(base, miss_causes=False)
         for n, v in zip(names, values):
             cfg = _with(cfg, n, v)
-        s = summarize(simulate(trace, cfg))
-        row = dict(zip(names, values))
-        row.update(pods=cfg.num_pods, router=cfg.router, num_kv_blocks=cfg.cache.num_blocks,
-                   block_size=cfg.cache.block_size,
-                   prefix_cache_hit_rate=s["prefix_cache_hit_rate"], reachable_hit_rate=s["reachable_hit_rate"],
-                   router_loss=s["router_loss"], num_blocks_evicted=s["num_blocks_evicted"],
-                   num_preemptions=s["num_preemptions"], ttft_p50_s=s["ttft_s"]["p50"],
-                   ttft_p99_s=s["ttft_s"]["p99"], num_steps=s["num_steps"])
+        cfgs.append(cfg)
+    rows = []
+    for values, row in zip(combos, map_runs(_row, trace, cfgs, workers)):
+        row = {**dict(zip(names, values)), **row}
         rows.append(row)
         if progress is not None:
             progress(row)
     return rows
+
+
+def _row(trace, cfg: SimConfig, known_hashes: dict) -> dict[str, Any]:
+    from engine.simulate.report import summarize
+
+    s = summarize(simulate(trace, cfg, known_hashes=known_hashes))
+    return dict(pods=cfg.num_pods, router=cfg.router, num_kv_blocks=cfg.cache.num_blocks,
+                block_size=cfg.cache.block_size,
+                prefix_cache_hit_rate=s["prefix_cache_hit_rate"], reachable_hit_rate=s["reachable_hit_rate"],
+                router_loss=s["router_loss"], num_blocks_evicted=s["num_blocks_evicted"],
+                num_preemptions=s["num_preemptions"], ttft_p50_s=s["ttft_s"]["p50"],
+                ttft_p99_s=s["ttft_s"]["p99"], num_steps=s["num_steps"])
+
+
+_JOB: dict[str, Any] = {}  # what forked workers run: set before the fork, read in the child
+
+
+def map_runs(fn, trace, cfgs: list[SimConfig], workers: int = 1) -> Iterator[Any]:
+    """``fn(trace, cfg, known_hashes)`` for each of ``cfgs``, yielded in their order: here,
+    or in ``workers`` forked processes (the trace goes to them by the fork, not pickled;
+    each keeps its own ``known_hashes``). Each run is one core, so two workers use both
+    of a 2-core box's cores; results come back pickled."""
+    if workers <= 1 or len(cfgs) <= 1:
+        known: dict = {}
+        for cfg in cfgs:
+            yield fn(trace, cfg, known)
+        return
+    import multiprocessing
+
+    _JOB.update(fn=fn, trace=trace, cfgs=cfgs, known={})
+    try:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(cfgs))) as pool:
+            yield from pool.imap(_job, range(len(cfgs)))
+    finally:
+        _JOB.clear()
+
+
+def _job(i: int) -> Any:
+    return _JOB["fn"](_JOB["trace"], _JOB["cfgs"][i], _JOB["known"])
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:

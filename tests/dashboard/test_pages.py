@@ -160,6 +160,10 @@ def test_simulate_page_sweeps_draws_the_capacity_curve_and_records_runs(dashboar
     recorded = [r for r in RunStore(dashboard_env.db).list_runs() if r.get("kind") == "simulated"]
     assert len(recorded) == 4 and all(r["num_steps"] > 0 for r in recorded)
     assert any("simulated run" in s.value for s in at.success)
+    at.session_state["replay_run"] = recorded[0]["id"]  # Replay says what a simulated run is
+    at.switch_page("views/replay.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(c.value.startswith("A simulated run (`kvscope simulate`): pod ") for c in at.caption)
 
 
 def test_lessons_page_is_in_the_navigation():

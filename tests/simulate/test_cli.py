@@ -91,3 +91,91 @@ def test_a_sweep_prints_a_row_per_combination_and_draws_the_capacity_curve(tmp_p
     names = [t["name"] for t in figure["data"]]
     assert names == ["round-robin", "oracle"]
     assert figure["data"][1]["y"] == [100 * by[(1100, "oracle")], 100 * by[(3000, "oracle")]]
+
+
+def test_a_sweep_in_two_processes_gives_the_serial_sweeps_rows_and_each_runs_own_figures():
+    """``run_sweep(workers=2)``: forked workers, the same rows byte for byte as one process,
+    and each row's figures those of a run of its own (with the miss-cause book, prompt
+    hashes not shared): the sweep's shortcuts change nothing it reports."""
+    from engine.cli import build_parser
+    from engine.simulate.commands import build_config, load_trace
+    from engine.simulate.report import summarize
+    from engine.simulate.simulation import simulate
+    from engine.simulate.sweep import _with, run_sweep
+
+    args = build_parser().parse_args(["simulate", str(SHIPPED), "--pods", "2", "--num-kv-blocks", "1100",
+                                      "--max-num-batched-tokens", "2048", *COST])
+    trace = load_trace(args.trace, None, None)
+    base = build_config(args, trace)
+    sweeps = {"num_kv_blocks": [1100, 3000], "router": ["round-robin", "precise-prefix", "oracle"]}
+    serial, seen = run_sweep(trace, base, sweeps), []
+    parallel = run_sweep(trace, base, sweeps, progress=seen.append, workers=2)
+    assert json.dumps(parallel) == json.dumps(serial) and seen == parallel and len(serial) == 6
+    for row in serial:
+        s = summarize(simulate(trace, _with(_with(base, "num_kv_blocks", row["num_kv_blocks"]),
+                                            "router", row["router"])))
+        assert (row["prefix_cache_hit_rate"], row["reachable_hit_rate"], row["num_blocks_evicted"],
+                row["num_preemptions"], row["ttft_p50_s"], row["num_steps"]) == (
+            s["prefix_cache_hit_rate"], s["reachable_hit_rate"], s["num_blocks_evicted"],
+            s["num_preemptions"], s["ttft_s"]["p50"], s["num_steps"])
+    assert any(r["num_blocks_evicted"] > 0 for r in serial)
+
+
+def test_recording_sampled_pods_keeps_exactly_those_pods_and_says_so(tmp_path):
+    """``record_pods``: runs for those pods only, every step of theirs (they replay to the
+    pod's true state), none of the others' events; the fleet decides as when all are
+    recorded, and each run's config and label say which pods were kept."""
+    from engine.core import CacheConfig, SchedulerConfig
+    from engine.simulate.cost import StepCost
+    from engine.simulate.report import summarize
+    from engine.simulate.simulation import SimConfig, simulate
+    from engine.simulate.trace import read_jsonl
+    from engine.store.recorder import Recorder
+    from dashboard.views.replay import simulated_note
+
+    trace = read_jsonl(SHIPPED)
+    trace = dataclasses.replace(trace, requests=trace.requests[:60])
+    cfg = SimConfig(4, "least-loaded", SchedulerConfig(max_model_len=16384, max_num_batched_tokens=1024),
+                    CacheConfig(block_size=16, num_blocks=1100), StepCost(0.005, 2e-5, 5e-4, 0.0),
+                    record_pods=(3, 1))
+    results = {}
+    for name, c in (("some", cfg), ("all", dataclasses.replace(cfg, record_pods=None))):
+        rec = Recorder(str(tmp_path / f"{name}.sqlite"))
+        results[name] = simulate(trace, c, recorder=rec, label="t")
+        rec.close()
+    some, every = results["some"], results["all"]
+    assert len(some.run_ids) == 2 and len(every.run_ids) == 4
+    a, b = summarize(some), summarize(every)
+    a.pop("run_ids"), b.pop("run_ids")
+    assert a == b and [dataclasses.astuple(t) for t in some.requests] == [dataclasses.astuple(t) for t in every.requests]
+    assert [p.log.enabled for p in some.pods] == [False, True, False, True]
+    store = RunStore(str(tmp_path / "some.sqlite"))
+    runs = {r["id"]: r for r in store.list_runs()}
+    for pod, rid in zip((some.pods[1], some.pods[3]), some.run_ids):
+        run = runs[rid]
+        assert run["label"] == f"t pod {pod.index}/4 (recorded: pods 1, 3 of 4)"
+        sim = run["config"]["simulated"]
+        assert (sim["pod"], sim["recorded_pods"]) == (pod.index, [1, 3])
+        assert "Only pods 1, 3 of the 4 were recorded" in simulated_note(sim)
+        assert len(store.load_steps(rid)) == pod.num_steps > 0
+        truth = pod.scheduler.snapshot()
+        assert dataclasses.replace(store.state_at(rid).to_snapshot(), step=truth.step) == truth
+        assert len(store.load_requests(rid)) == sum(1 for t in some.requests if t.pod == pod.index)
+    assert sum(1 for t in some.requests if t.pod in (0, 2)) > 0  # the others served requests
+    with __import__("pytest").raises(ValueError, match="pod numbers 0..3"):
+        dataclasses.replace(cfg, record_pods=(4,))
+
+
+def test_no_miss_causes_reports_the_same_hits_without_causes_and_says_so(capsys, tmp_path):
+    args = ["simulate", str(SHIPPED), "--pods", "2", "--router", "precise-prefix", "--num-kv-blocks", "1100",
+            "--max-num-batched-tokens", "2048", "--json", *COST]
+    assert main(args) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert main(args + ["--no-miss-causes"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert full["prefix_cache_miss_evicted"] > 0 and bare["prefix_cache_miss_evicted"] is None
+    assert bare["notes"] and "not classified" in bare["notes"][0]
+    for k in ("prefix_cache_hits", "prefix_cache_queries", "num_blocks_evicted", "num_preemptions", "ttft_s"):
+        assert bare[k] == full[k]
+    assert main(args + ["--no-miss-causes", "--record", "--db", str(tmp_path / "x.sqlite")]) == 1
+    assert "--record keeps the miss causes" in capsys.readouterr().err

@@ -135,3 +135,34 @@ def test_a_simulation_that_keeps_no_events_is_the_one_that_keeps_them(name):
     assert [p.log.counts for p in bare.pods] == [p.log.counts for p in kept.pods]
     assert sum(p.log.counts.num_evictions for p in bare.pods) > 0
     assert [dataclasses.astuple(t) for t in bare.requests] == [dataclasses.astuple(t) for t in kept.requests]
+
+
+@pytest.mark.parametrize("name", ["round-robin", "precise-prefix"])
+def test_a_simulation_without_the_miss_cause_book_decides_and_counts_the_same(name):
+    """``miss_causes=False`` (a sweep's runs): the same routing, hits, evictions,
+    preemptions and times; only the three causes are not reported, and the report says so."""
+    import dataclasses
+
+    from engine.simulate.report import MISS_CAUSES_OFF, summarize
+
+    tr = _families(3, 6, gap=0.002)
+    cfg = SimConfig(3, name, SchedulerConfig(max_model_len=128, max_num_batched_tokens=64, max_num_seqs=4),
+                    CacheConfig(block_size=BS, num_blocks=12), COST)
+    full, bare = simulate(tr, cfg), simulate(tr, dataclasses.replace(cfg, miss_causes=False))
+    assert all(p.kv.misses is None and p.kv.pool._on_cached is None for p in bare.pods)
+    a, b = summarize(full), summarize(bare)
+    causes = [f"prefix_cache_miss_{c}" for c in ("cold", "evicted", "partial")]
+    assert all(b[k] is None for k in causes) and all(p[k] is None for p in b["pods"] for k in causes)
+    assert a["prefix_cache_miss_cold"] > 0 and a["prefix_cache_miss_partial"] > 0
+    assert b["notes"] == [MISS_CAUSES_OFF] and a["notes"] == []
+    for d in [a, b, *a["pods"], *b["pods"]]:
+        for k in causes:
+            d.pop(k)
+    a.pop("notes"), b.pop("notes")
+    assert a == b and a["num_blocks_evicted"] > 0
+    assert [dataclasses.astuple(t) for t in full.requests] == [dataclasses.astuple(t) for t in bare.requests]
+    # every miss counted, as cold: queries = hits + misses still
+    c = bare.pods[0].log.counts
+    assert c.prefix_cache_miss_cold == c.prefix_cache_queries - c.prefix_cache_hits
+    with pytest.raises(ValueError, match="miss causes"):
+        simulate(tr, dataclasses.replace(cfg, miss_causes=False, keep_events=True))
