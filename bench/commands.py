@@ -4,6 +4,7 @@ vs vLLM's CPU build through both OpenAI servers (``--baseline vllm``, bench/vllm
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -18,6 +19,10 @@ def add_bench_subcommands(sub) -> None:
                    help=f"comma-separated subset of {','.join(WORKLOADS)}")
     p.add_argument("--quick", action="store_true",
                    help="smaller workloads (a few minutes on 2 cores instead of ~15-25)")
+    p.add_argument("--mixed-requests", type=int, default=None,
+                   help="requests of the mixed workload (default 64, --quick 16; its length distributions "
+                        "stay the scale's). Issue 33's small-batch goal, >= 2.5x transformers: "
+                        "--workloads mixed --mixed-requests 24 --max-num-seqs 8 --no-events-cost --no-roofline")
     p.add_argument("--max-num-seqs", type=int, default=16,
                    help="kvscope's max_num_seqs; also the baseline's static batch size")
     p.add_argument("--num-kv-blocks", type=int, default=512,
@@ -67,9 +72,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if bad:
         print(f"unknown workload(s) {bad}; choose from {', '.join(WORKLOADS)}", file=sys.stderr)
         return 2
+    if args.mixed_requests is not None and args.mixed_requests < 1:
+        print("--mixed-requests must be at least 1", file=sys.stderr)
+        return 2
     default_threads_env(args.threads)
-    opts = BenchOptions(model=args.model, workloads=names, scale=W.QUICK if args.quick else W.FULL,
-                        scale_name="quick" if args.quick else "full", max_num_seqs=args.max_num_seqs,
+    scale, scale_name = (W.QUICK, "quick") if args.quick else (W.FULL, "full")
+    if args.mixed_requests is not None:
+        scale = dataclasses.replace(scale, mixed_requests=args.mixed_requests)
+        scale_name += f", {args.mixed_requests} mixed requests"
+    opts = BenchOptions(model=args.model, workloads=names, scale=scale,
+                        scale_name=scale_name, max_num_seqs=args.max_num_seqs,
                         num_kv_blocks=args.num_kv_blocks, baseline=args.baseline == "transformers",
                         events_cost=args.events_cost,
                         roofline=(QUICK_ROOFLINE if args.quick else FULL_ROOFLINE) if args.roofline else None,
