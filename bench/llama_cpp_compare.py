@@ -1,7 +1,9 @@
 """kvscope's CPU weight formats side by side with llama.cpp on the same GGUF (a manual run).
 
-    pip install llama-cpp-python          # builds llama.cpp from source: ~15 min on 2 cores
-    python -m bench.llama_cpp_compare [--threads 1,2] [--decode-tokens 64] [--json PATH]
+    # llama.cpp in a venv of its own (builds from source: ~15-40 min on 2 cores)
+    python3 -m venv /work/llamacpp-venv && /work/llamacpp-venv/bin/pip install llama-cpp-python
+    python -m bench.llama_cpp_compare [--threads 1,2] [--decode-tokens 64] [--json PATH] \
+        [--llama-cpp-python /work/llamacpp-venv/bin/python]
 
 Not part of CI or ``kvscope bench``: llama-cpp-python is not a dependency. For each
 thread count it times, through llama.cpp (``llama_cpp.Llama`` on the GGUF that
@@ -11,17 +13,26 @@ kvscope (float32, and the optional bfloat16 / int8 weights):
 - a 512-token prefill (the same seeded token ids for both), one call;
 - batch-1 greedy decode, tokens per second over ``--decode-tokens`` tokens after it.
 
-kvscope runs in this process with the thread count set per row; llama.cpp gets
-``n_threads`` / ``n_threads_batch``. Both read the same prompt ids. Run it on a quiet
-box: rows are measured one after the other, not interleaved.
+kvscope runs in this process with the thread count set per row. llama.cpp runs in a
+child process of ``--llama-cpp-python`` (any interpreter that imports ``llama_cpp``;
+this one by default), with ``n_threads`` / ``n_threads_batch`` set, once per OpenMP wait
+setting of ``--llama-cpp-omp``: ``default`` is libgomp's own (spin ~300k iterations at a
+barrier, then sleep: llama.cpp's fastest), ``kvscope`` the one this process runs under
+(engine/cpu_threads.py), ``passive`` OMP_WAIT_POLICY=PASSIVE. Both systems read the same
+prompt ids. Run it on a quiet box: rows are measured one after the other.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+
+_OMP_WAIT = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 def _kvscope_row(weights: str, threads: int, prompt: list[int], decode_tokens: int) -> dict:
@@ -46,12 +57,14 @@ def _kvscope_row(weights: str, threads: int, prompt: list[int], decode_tokens: i
             "decode_tok_s": 1 / statistics.median(t.wall_s)}
 
 
-def _llama_cpp_row(threads: int, prompt: list[int], decode_tokens: int) -> dict:
+def _llama_cpp_child() -> None:
+    """The llama.cpp row, in a child process: its arguments as JSON on stdin, the row as
+    JSON on stdout (this function imports nothing of kvscope: its interpreter need not)."""
     from llama_cpp import Llama
 
-    from engine.model.gguf_cache import default_gguf_path
-
-    llm = Llama(model_path=str(default_gguf_path()), n_ctx=1024, n_batch=512, n_threads=threads,
+    a = json.load(sys.stdin)
+    threads, prompt = a["threads"], a["prompt"]
+    llm = Llama(model_path=a["gguf"], n_ctx=1024, n_batch=512, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
     llm.reset()
     llm.eval(prompt[:16])  # warm-up
@@ -62,13 +75,28 @@ def _llama_cpp_row(threads: int, prompt: list[int], decode_tokens: int) -> dict:
     llm.reset()
     llm.eval(prompt[:64])
     times = []
-    for _ in range(decode_tokens):
+    for _ in range(a["decode_tokens"]):
         token = llm.sample(temp=0.0)  # greedy
         t = time.perf_counter()
         llm.eval([token])
         times.append(time.perf_counter() - t)
-    return {"system": "llama.cpp Q4_1", "threads": threads, "prefill_512_s": prefill_s,
-            "decode_tok_s": 1 / statistics.median(times)}
+    json.dump({"prefill_512_s": prefill_s, "decode_tok_s": 1 / statistics.median(times)}, sys.stdout)
+
+
+def _llama_cpp_row(python: str, omp: str, threads: int, prompt: list[int], decode_tokens: int) -> dict:
+    from engine.model.gguf_cache import default_gguf_path
+
+    env = {k: v for k, v in os.environ.items() if omp == "kvscope" or k not in _OMP_WAIT}
+    if omp == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    arg = {"gguf": str(default_gguf_path()), "threads": threads, "prompt": prompt,
+           "decode_tokens": decode_tokens}
+    out = subprocess.run([python, os.path.abspath(__file__), "--child"], input=json.dumps(arg),
+                         capture_output=True, text=True, env=env, check=False)
+    if out.returncode:
+        raise RuntimeError(f"llama.cpp under {python} failed:\n{out.stderr[-2000:]}")
+    wait = ", ".join(f"{k}={env[k]}" for k in _OMP_WAIT if k in env) or "libgomp default"
+    return {"system": f"llama.cpp Q4_1 ({wait})", "threads": threads, **json.loads(out.stdout)}
 
 
 def main() -> None:
@@ -77,8 +105,15 @@ def main() -> None:
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--weights", default="float32,bfloat16,int8", help="kvscope weight formats")
     p.add_argument("--no-llama-cpp", dest="llama_cpp", action="store_false")
+    p.add_argument("--llama-cpp-python", default=sys.executable,
+                   help="an interpreter that imports llama_cpp (e.g. /work/llamacpp-venv/bin/python)")
+    p.add_argument("--llama-cpp-omp", default="default,kvscope",
+                   help="llama.cpp's OpenMP wait settings, a row each: default, kvscope, passive")
     p.add_argument("--json", default=None)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.child:
+        return _llama_cpp_child()
     from bench.cpu_units import synthetic_prompt
     from bench.measure import loadavg
 
@@ -89,8 +124,8 @@ def main() -> None:
         for w in args.weights.split(","):
             rows.append(_kvscope_row(w, threads, prompt, args.decode_tokens))
             print(rows[-1], flush=True)
-        if args.llama_cpp:
-            rows.append(_llama_cpp_row(threads, prompt, args.decode_tokens))
+        for omp in args.llama_cpp_omp.split(",") if args.llama_cpp else ():
+            rows.append(_llama_cpp_row(args.llama_cpp_python, omp, threads, prompt, args.decode_tokens))
             print(rows[-1], flush=True)
     print(f"load average after: {loadavg()}")
     print("| system | threads | 512-token prefill (s) | batch-1 decode (tok/s) |\n|---|---|---|---|")

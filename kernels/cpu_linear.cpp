@@ -11,8 +11,10 @@
 //                 (MKL / oneDNN) on a dequantized copy is faster than this loop.
 //
 // Built at first use by kernels/cpu_linear.py (torch.utils.cpp_extension, -O3
-// -march=native -ffp-contract=off: q * scale + offset is a multiply then an add, the
-// same two roundings as torch's dequantization). AVX-512F paths, with a portable
+// -march=native -ffp-contract=off). int8_linear applies each group's scale and offset
+// once per group (s * (x . q) + z * sum(x)), not per weight: the same sum regrouped,
+// within ~2e-7 relative of x . (q * s + z); int8_dequantize's q * scale + offset is a
+// multiply then an add, the same two roundings as torch's dequantization. AVX-512F paths, with a portable
 // scalar fallback for other CPUs.
 
 #include <torch/extension.h>
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -39,36 +42,46 @@ inline float bf16_to_float(uint16_t v) {
 
 // ---- int8, grouped scales ------------------------------------------------------------
 
-// out[m, n] for rows m0..m0+mb-1 and one weight row n.
+// out[m, n] for rows m0..m0+mb-1 and one weight row n, as
+//   sum over groups g of  s[g] * (x_g . q_g)  +  z[g] * (sum of x_g)
+// (the same sum as x . (q * s + z), regrouped): the int8 weights are widened to float
+// (exact) and multiplied by x, and the scale and the offset are applied once per group
+// of 32 rather than once per weight. ``xs`` holds each row's group sums of x [mb, K / 32].
 inline void int8_row(const float* x, int64_t ldx, int64_t mb, const int8_t* w, const float* s,
-                     const float* z, int64_t K, float* acc) {
+                     const float* z, int64_t K, const float* xs, float* acc) {
+  const int64_t groups = K / kGroup;
 #if defined(__AVX512F__)
-  // two accumulators per row: the two halves of a group are independent FMA chains
-  __m512 a[kRowBlock], b[kRowBlock];
-  for (int64_t m = 0; m < mb; ++m) a[m] = b[m] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < K / kGroup; ++g) {
+  __m512 a[kRowBlock];
+  for (int64_t m = 0; m < mb; ++m) a[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
     const int8_t* wg = w + g * kGroup;
-    // the dequantized weights q * scale + offset (the same float32 numbers as
-    // dequantize_int8), built once per group and used by every row of x
-    __m512 sg = _mm512_set1_ps(s[g]), zg = _mm512_set1_ps(z[g]);
-    __m512 w0 = _mm512_add_ps(
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)wg))), sg), zg);
-    __m512 w1 = _mm512_add_ps(
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wg + 16)))), sg),
-        zg);
+    const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)wg)));
+    const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wg + 16))));
+    const __m512 sg = _mm512_set1_ps(s[g]);
     for (int64_t m = 0; m < mb; ++m) {
       const float* xg = x + m * ldx + g * kGroup;
-      a[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xg), w0, a[m]);
-      b[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), w1, b[m]);
+      const __m512 p = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), q1, _mm512_mul_ps(_mm512_loadu_ps(xg), q0));
+      a[m] = _mm512_fmadd_ps(p, sg, a[m]);
     }
   }
-  for (int64_t m = 0; m < mb; ++m) acc[m] = _mm512_reduce_add_ps(_mm512_add_ps(a[m], b[m]));
+  for (int64_t m = 0; m < mb; ++m) {
+    __m512 o = _mm512_setzero_ps();  // the offsets' part: z . xs, 16 groups at a time
+    const float* xr = xs + m * groups;
+    for (int64_t g = 0; g < groups; g += 16) {
+      const __mmask16 k = groups - g >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (groups - g)) - 1);
+      o = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, z + g), _mm512_maskz_loadu_ps(k, xr + g), o);
+    }
+    acc[m] = _mm512_reduce_add_ps(a[m]) + _mm512_reduce_add_ps(o);
+  }
 #else
   for (int64_t m = 0; m < mb; ++m) {
     const float* xr = x + m * ldx;
     float total = 0.f;
-    for (int64_t k = 0; k < K; ++k)
-      total += xr[k] * (static_cast<float>(w[k]) * s[k / kGroup] + z[k / kGroup]);
+    for (int64_t g = 0; g < groups; ++g) {
+      float dot = 0.f;
+      for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) dot += xr[k] * static_cast<float>(w[k]);
+      total += s[g] * dot + z[g] * xs[m * groups + g];
+    }
     acc[m] = total;
   }
 #endif
@@ -164,9 +177,18 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   const float* zp = offsets.data_ptr<float>();
-  const int64_t groups = K / kGroup;
+  const int64_t groups = K / kGroup, M = x.size(0);
+  std::vector<float> xsum(M * groups);  // each row's sum of x per group, for the offsets
+  const float* xp = x.data_ptr<float>();
+  for (int64_t i = 0; i < M * groups; ++i) {
+    float t = 0.f;
+    for (int64_t k = 0; k < kGroup; ++k) t += xp[i * kGroup + k];
+    xsum[i] = t;
+  }
+  const float* xs = xsum.data();
   return run_rows(x, N, bias, [&](const float* xr, int64_t ldx, int64_t mb, int64_t n, float* acc) {
-    int8_row(xr, ldx, mb, wp + n * K, sp + n * groups, zp + n * groups, K, acc);
+    const int64_t m0 = (xr - xp) / K;  // the first row of this block
+    int8_row(xr, ldx, mb, wp + n * K, sp + n * groups, zp + n * groups, K, xs + m0 * groups, acc);
   });
 }
 
