@@ -21,6 +21,8 @@ NAME = re.compile(r"\bKVSCOPE_[A-Z0-9_]*[A-Z0-9]")
 # Direct reads of os.environ outside the registry, each with its reason. Everything
 # else asks a switch.
 DIRECT_ENV = {
+    "bench/llama_cpp_compare.py": "builds each llama.cpp child's environment (its OpenMP wait "
+                                  "policy per run)",
     "bench/checkout_ab.py": "builds each child's environment (PYTHONPATH and kernel directory per checkout)",
     "bench/threads_ab.py": "builds each child's whole environment",
     "bench/vllm_servers.py": "builds the environments of the vllm serve and kvscope serve it "
