@@ -16,7 +16,7 @@ from tests.simulate.test_traces import SHIPPED
 
 def test_the_book_classifies_as_its_definition_on_the_shipped_trace():
     """One small pod (memory pressure: blocks evicted, hashes forgotten past a bound of
-    2,000, the book compacted every 50 changes past it; 1,100 blocks hold one longest prompt)."""
+    2,000; 1,100 blocks hold one longest prompt)."""
     trace = read_jsonl(SHIPPED)
     sched = SchedulerConfig(max_model_len=17_000, max_num_batched_tokens=2048, max_num_seqs=32)
     cfg = SimConfig(1, "round-robin", sched, CacheConfig(block_size=16, num_blocks=1100), default_cost())
@@ -24,7 +24,7 @@ def test_the_book_classifies_as_its_definition_on_the_shipped_trace():
 
     def pod(*a, **k):
         p = SimPod(*a, **k)
-        calls.append(checked_against_spec(p.scheduler, 2000, 50))
+        calls.append(checked_against_spec(p.scheduler, 2000))
         return p
 
     with mock.patch("engine.simulate.simulation.SimPod", pod):
