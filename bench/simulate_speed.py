@@ -9,9 +9,9 @@
 Prints one JSON line per run: wall seconds (the simulation only, not reading the trace),
 the process's CPU seconds (steadier than wall time on a shared box), the seconds spent in
 the garbage collector, requests/s, steps/s, prompt tokens/s, and what the core did (blocks stored and evicted,
-preemptions, hit rate), so a faster version can be checked to do the same work. The
-machine's load (``os.getloadavg``) at the start and the end goes with each line: this box's
-2 cores are shared.
+preemptions, hit rate, and ``miss_tokens``: the miss causes' tokens, cold, evicted and partial, ``null`` without
+the book), so a faster version can be checked to do the same work. The machine's load
+(``os.getloadavg``) at the start and the end goes with each line: this box's 2 cores are shared.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def run_one(trace: Trace, cfg: SimConfig, known_hashes: dict | None = None) -> d
             "num_blocks_evicted": s["num_blocks_evicted"], "num_preemptions": s["num_preemptions"],
             "miss_causes": cfg.miss_causes, "max_rss_mib": round(_max_rss_mib()),
             "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "reachable_hit_rate": s["reachable_hit_rate"],
+            "miss_tokens": [s[f"prefix_cache_miss_{c}"] for c in ("cold", "evicted", "partial")],
             "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2)}
 
 
