@@ -100,6 +100,19 @@ def _llama_cpp_row(python: str, omp: str, threads: int, prompt: list[int], decod
     return {"system": f"llama.cpp Q4_1 ({wait})", "threads": threads, **json.loads(out.stdout)}
 
 
+def best_ratios(rows: list[dict]) -> list[str]:
+    """Per thread count, llama.cpp's best decode over kvscope's best (issue 33: <= 1.5)."""
+    lines = []
+    for threads in sorted({r["threads"] for r in rows}):
+        at = [r for r in rows if r["threads"] == threads]
+        ours = max((r for r in at if r["system"].startswith("kvscope")), key=lambda r: r["decode_tok_s"], default=None)
+        theirs = max((r for r in at if r["system"].startswith("llama.cpp")), key=lambda r: r["decode_tok_s"], default=None)
+        if ours and theirs:
+            lines.append(f"{threads} thread(s): best llama.cpp {theirs['decode_tok_s']:.1f} tok/s / best kvscope "
+                         f"({ours['system']}) {ours['decode_tok_s']:.1f} = {theirs['decode_tok_s'] / ours['decode_tok_s']:.2f}x")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", default="1,2")
@@ -132,6 +145,8 @@ def main() -> None:
     print("| system | threads | 512-token prefill (s) | batch-1 decode (tok/s) |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['system']} | {r['threads']} | {r['prefill_512_s']:.2f} | {r['decode_tok_s']:.1f} |")
+    for line in best_ratios(rows):
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "loadavg": loadavg()}, f, indent=1)
