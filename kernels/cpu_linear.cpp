@@ -256,6 +256,7 @@ namespace {
 
 constexpr int64_t kBlockGroups = 16;                  // groups per interleaved block
 constexpr int64_t kBlockBytes = kBlockGroups * kGroup;  // 512
+constexpr int64_t kPrefetchRows = 4;  // output features ahead that w8a8_rows asks the caches for
 
 // where natural weight k of a row sits in the w8a8 layout
 inline int64_t w8a8_position(int64_t k, int64_t K) {
@@ -358,7 +359,7 @@ VNNI_TARGET void w8a8_row(const QuantizedRows& r, int64_t m0, const uint8_t* wr,
       }
     }
   }
-  for (int m = 0; m < MB; ++m) res[m] = _mm512_reduce_add_ps(tot[m]) + _mm512_reduce_add_ps(off[m]);
+  for (int m = 0; m < MB; ++m) res[m] = _mm512_reduce_add_ps(_mm512_add_ps(tot[m], off[m]));
 }
 
 VNNI_TARGET void w8a8_rows(int64_t n0, int64_t n1, const QuantizedRows& r, const uint8_t* w, const float* s,
@@ -369,6 +370,14 @@ VNNI_TARGET void w8a8_rows(int64_t n0, int64_t n1, const QuantizedRows& r, const
     const uint8_t* wr = w + n * K;
     const float* sr = s + n * groups;
     const float* zr = z + n * groups;
+    if (n + kPrefetchRows < n1) {  // the hardware prefetcher alone left ~25% of the bandwidth unused
+      const char* ahead = reinterpret_cast<const char*>(wr + kPrefetchRows * K);
+      for (int64_t b = 0; b < K; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      for (int64_t b = 0; b < groups * 4; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(sr + kPrefetchRows * groups) + b, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(zr + kPrefetchRows * groups) + b, _MM_HINT_T0);
+      }
+    }
     for (int64_t m0 = 0; m0 < r.M; m0 += kRowBlock) {
       const int64_t mb = std::min(kRowBlock, r.M - m0);
       switch (mb) {  // the rows' accumulators in registers
