@@ -8,7 +8,7 @@
 Not part of CI or ``kvscope bench``: llama-cpp-python is not a dependency. For each
 thread count it times, through llama.cpp (``llama_cpp.Llama`` on the GGUF that
 ``smollm2-135m`` is dequantized from, Q4_1 weights and Q8_0 embeddings) and through
-kvscope (float32, and the optional bfloat16 / int8 weights):
+kvscope (float32, and the optional bfloat16 / int8 / w8a8 weights):
 
 - a 512-token prefill (the same seeded token ids for both), one call;
 - batch-1 greedy decode, tokens per second over ``--decode-tokens`` tokens after it.
@@ -40,10 +40,11 @@ def _kvscope_row(weights: str, threads: int, prompt: list[int], decode_tokens: i
 
     from bench.cpu_units import DecodeBatch, Prefill
     from bench.run_kvscope import make_engine
+    from engine.core.config import QUANTIZATIONS
     from engine.model.loader import load_model
 
     torch.set_num_threads(threads)
-    kw = {"quantization": "int8"} if weights == "int8" else {"dtype": weights}
+    kw = {"quantization": weights} if weights in QUANTIZATIONS else {"dtype": weights}
     loaded = load_model("smollm2-135m", **kw)
     torch.set_num_threads(threads)
     eng = make_engine(loaded, "smollm2-135m", 1, 48, enable_prefix_caching=False, max_model_len=700,
@@ -99,11 +100,24 @@ def _llama_cpp_row(python: str, omp: str, threads: int, prompt: list[int], decod
     return {"system": f"llama.cpp Q4_1 ({wait})", "threads": threads, **json.loads(out.stdout)}
 
 
+def best_ratios(rows: list[dict]) -> list[str]:
+    """Per thread count, llama.cpp's best decode over kvscope's best (issue 33: <= 1.5)."""
+    lines = []
+    for threads in sorted({r["threads"] for r in rows}):
+        at = [r for r in rows if r["threads"] == threads]
+        ours = max((r for r in at if r["system"].startswith("kvscope")), key=lambda r: r["decode_tok_s"], default=None)
+        theirs = max((r for r in at if r["system"].startswith("llama.cpp")), key=lambda r: r["decode_tok_s"], default=None)
+        if ours and theirs:
+            lines.append(f"{threads} thread(s): best llama.cpp {theirs['decode_tok_s']:.1f} tok/s / best kvscope "
+                         f"({ours['system']}) {ours['decode_tok_s']:.1f} = {theirs['decode_tok_s'] / ours['decode_tok_s']:.2f}x")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", default="1,2")
     p.add_argument("--decode-tokens", type=int, default=64)
-    p.add_argument("--weights", default="float32,bfloat16,int8", help="kvscope weight formats")
+    p.add_argument("--weights", default="float32,bfloat16,int8,w8a8", help="kvscope weight formats")
     p.add_argument("--no-llama-cpp", dest="llama_cpp", action="store_false")
     p.add_argument("--llama-cpp-python", default=sys.executable,
                    help="an interpreter that imports llama_cpp (e.g. /work/llamacpp-venv/bin/python)")
@@ -131,6 +145,8 @@ def main() -> None:
     print("| system | threads | 512-token prefill (s) | batch-1 decode (tok/s) |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['system']} | {r['threads']} | {r['prefill_512_s']:.2f} | {r['decode_tok_s']:.1f} |")
+    for line in best_ratios(rows):
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "loadavg": loadavg()}, f, indent=1)

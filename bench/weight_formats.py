@@ -3,7 +3,7 @@
     python -m bench.weight_formats [--formats float32,bfloat16,int8] [--quick] [--json PATH]
 
 For each format (float32, ``dtype="bfloat16"`` and ``quantization="int8"``, both with
-float32 compute) on smollm2-135m:
+float32 compute, and ``quantization="w8a8"``, inputs rounded to int8 too) on smollm2-135m:
 
 - speed: the roofline units of ``kvscope bench`` (bench/roofline.py), 1/16/64-sequence
   decode and a 512-token prefill, with the ceilings measured once for all formats;
@@ -25,10 +25,11 @@ MODEL = "smollm2-135m"
 
 
 def _load(fmt: str):
+    from engine.core.config import QUANTIZATIONS
     from engine.model.loader import load_model
 
-    if fmt == "int8":
-        return load_model(MODEL, quantization="int8")
+    if fmt in QUANTIZATIONS:
+        return load_model(MODEL, quantization=fmt)
     return load_model(MODEL, dtype=fmt)
 
 
@@ -124,7 +125,7 @@ def render(res: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--formats", default="float32,bfloat16,int8")
+    p.add_argument("--formats", default="float32,bfloat16,int8,w8a8")
     p.add_argument("--quick", action="store_true", help="fewer timed steps per roofline unit")
     p.add_argument("--no-speed", dest="speed", action="store_false", help="accuracy only")
     p.add_argument("--no-accuracy", dest="accuracy", action="store_false", help="speed only")

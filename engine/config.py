@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from engine.core.config import (
-    check_block_size, check_fair_ratio, check_n_sharing, check_scheduling_policy,
+    QUANTIZATIONS, check_block_size, check_fair_ratio, check_n_sharing, check_scheduling_policy,
 )
 from engine.core.errors import ConfigError
 from engine.core.hashing import DEFAULT_HASH_ALGO, HASH_ALGOS
@@ -41,7 +41,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     device: str = "auto"
     dtype: str = "auto"
-    quantization: str | None = None  # "int8": weight-only int8 linears, float32 compute (CPU)
+    quantization: str | None = None  # "int8" / "w8a8" (CPU; engine/core/config.py QUANTIZATIONS)
     num_threads: int | None = None  # CPU torch threads; None: engine/cpu_threads.py decides
     attention_backend: str = "auto"
     seed: int = 0
@@ -79,8 +79,8 @@ class EngineConfig:
             raise ConfigError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"num_threads must be a positive integer, got {self.num_threads!r}")
-        if self.quantization not in (None, "int8"):
-            raise ConfigError(f"quantization must be None or 'int8', got {self.quantization!r}")
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ConfigError(f"quantization must be None or one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ConfigError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         check_block_size(self.block_size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from engine.core.config import QUANTIZATIONS
 from engine.core.hashing import DEFAULT_HASH_ALGO, HASH_ALGOS
 
 
@@ -45,8 +46,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto")
     g.add_argument("--dtype", default="auto",
                    help="auto, float32, bfloat16 (on the CPU: bf16 weights, float32 compute), float16")
-    g.add_argument("--quantization", default=None, choices=["int8"],
-                   help="int8: weight-only int8 linears with float32 compute (CPU; not the default)")
+    g.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
+                   help="int8: weight-only int8 linears with float32 compute; w8a8: int8 weights and "
+                        "int8-rounded inputs, VNNI dot products at batch 1 (CPU; not the default)")
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--num-threads", type=int, default=None,
                    help="CPU torch threads (default: every usable core, or $KVSCOPE_NUM_THREADS; "

@@ -24,8 +24,8 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#if defined(__AVX512F__) || defined(__x86_64__)
+#include <immintrin.h>  // also for the VNNI kernel's target attribute
 #endif
 
 namespace {
@@ -129,6 +129,14 @@ void check_x(const torch::Tensor& x, int64_t K) {
   TORCH_CHECK(x.size(1) == K, "x has ", x.size(1), " features, the weight ", K);
 }
 
+// the bias's floats, or nullptr without one
+const float* bias_data(const c10::optional<torch::Tensor>& bias, int64_t N) {
+  if (!bias.has_value() || !bias->defined()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->numel() == N && bias->is_contiguous(),
+              "bias must be a contiguous float32 [N] tensor");
+  return bias->data_ptr<float>();
+}
+
 template <typename RowFn>
 torch::Tensor run_rows(const torch::Tensor& x, int64_t N, const c10::optional<torch::Tensor>& bias,
                        RowFn row) {
@@ -136,12 +144,7 @@ torch::Tensor run_rows(const torch::Tensor& x, int64_t N, const c10::optional<to
   auto out = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const float* bp = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->numel() == N && bias->is_contiguous(),
-                "bias must be a contiguous float32 [N] tensor");
-    bp = bias->data_ptr<float>();
-  }
+  const float* bp = bias_data(bias, N);
   const int64_t K = x.size(1);
   // grain: enough output features per task that a task streams ~64 KiB of weights
   const int64_t grain = std::max<int64_t>(16, 65536 / std::max<int64_t>(K, 1));
@@ -165,14 +168,21 @@ void check_groups(const torch::Tensor& t, int64_t N, int64_t K, const char* name
               name, " must be a contiguous float32 [N, K / 32] tensor");
 }
 
-torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, torch::Tensor offsets,
-                          c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kInt8 && w.is_contiguous(),
-              "w must be a contiguous int8 [N, K] tensor");
+// w [N, K] of ``type`` (what: its name in messages) with float32 scales and offsets [N, K / 32]
+void check_grouped(const torch::Tensor& w, const torch::Tensor& scales, const torch::Tensor& offsets,
+                   c10::ScalarType type, const char* what) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == type && w.is_contiguous(),
+              "w must be a contiguous ", what, " [N, K] tensor");
   const int64_t N = w.size(0), K = w.size(1);
-  TORCH_CHECK(K % kGroup == 0, "int8 weights need K divisible by ", kGroup, ", got ", K);
+  TORCH_CHECK(K % kGroup == 0, what, " weights need K divisible by ", kGroup, ", got ", K);
   check_groups(scales, N, K, "scales");
   check_groups(offsets, N, K, "offsets");
+}
+
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, torch::Tensor offsets,
+                          c10::optional<torch::Tensor> bias) {
+  check_grouped(w, scales, offsets, torch::kInt8, "int8");
+  const int64_t N = w.size(0), K = w.size(1);
   check_x(x, K);
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
@@ -200,6 +210,256 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   return run_rows(x, N, bias, [&](const float* xr, int64_t ldx, int64_t mb, int64_t n, float* acc) {
     bf16_row(xr, ldx, mb, wp + n * K, K, acc);
+  });
+}
+
+// ---- w8a8: int8 weights x int8 activations, VNNI (opt-in: quantization="w8a8") -----------
+//
+// llama.cpp's batch-1 recipe. Each row of x is quantized per group of 32 to int8
+// (symmetric: d = max |x_g| / 127, xq = round-half-even(x * (1 / d))), and each group's
+// dot product q . xq is an exact int32 from vpdpbusd (u8 x s8 -> s32, 64 products per
+// instruction). Then per group, in float32:
+//   out = sum_g  (s[g] * d[g]) * (q_g . xq_g)  +  z[g] * (d[g] * sum(xq_g))
+// which is x_hat . (q * s + z) with x_hat = d * xq: the int8 kernel's sum with x replaced
+// by its int8 rounding (an accuracy change, measured in bench/RESULTS.md).
+//
+// The weights are stored for this kernel (kernels/cpu_linear.py: W8A8Weight): as u8 q + 128
+// (vpdpbusd's unsigned operand; the accumulators start at -128 * sum(xq) to take it back
+// out, so the int32 is q . xq exactly), and each run of 16 groups (512 bytes) interleaved
+// in 4-byte chunks: byte 64 j + 4 l + b of a block is group l's byte 4 j + b. Then the 16
+// int32 lanes of one accumulator are the 16 groups, 8 vpdpbusd sum them whole, and one
+// convert and one FMA apply their 16 scales: ~1.3 vector ops per 32 weights, where int8_row
+// spends 7 widening and multiplying. The groups after the last whole block (K / 32 mod 16)
+// stay in order and go two at a time (a permute gives each half its group's scale).
+//
+// Compiled with a target attribute, so it builds whatever -march=native says; the Python
+// side stores w8a8 weights only where cpu_has_vnni() (else the int8 format, int8_row).
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVSCOPE_VNNI 1
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#else
+#define KVSCOPE_VNNI 0
+#endif
+
+bool cpu_has_vnni() {
+#if KVSCOPE_VNNI
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+constexpr int64_t kBlockGroups = 16;                  // groups per interleaved block
+constexpr int64_t kBlockBytes = kBlockGroups * kGroup;  // 512
+constexpr int64_t kPrefetchRows = 4;  // output features ahead that w8a8_rows asks the caches for
+
+// where natural weight k of a row sits in the w8a8 layout
+inline int64_t w8a8_position(int64_t k, int64_t K) {
+  const int64_t blocked = K / kBlockBytes * kBlockBytes;
+  if (k >= blocked) return k;
+  const int64_t b = k / kBlockBytes, l = (k % kBlockBytes) / kGroup, c = k % kGroup;
+  return b * kBlockBytes + (c / 4) * 64 + l * 4 + c % 4;
+}
+
+// x [M, K] quantized per group of 32, per row: xq [Kp] in the weights' layout (zero past K;
+// Kp: K rounded up to 64), d and d * sum(xq) per group [Gp] (zero past K / 32; Gp: rounded
+// up to 16), and the accumulators' starts [S]: -128 * sum(xq) of each block's 16 groups,
+// then -128 * each 4 bytes' sum of xq after the blocks.
+struct QuantizedRows {
+  int64_t M, K, Kp, Gp, blocks, S;
+  std::vector<int8_t> xq, natural;
+  std::vector<int32_t> start;
+  std::vector<float> d, dsum;
+  QuantizedRows(int64_t M_, int64_t K_)
+      : M(M_), K(K_), Kp((K_ + 63) / 64 * 64), Gp((K_ / kGroup + 15) / 16 * 16), blocks(K_ / kBlockBytes),
+        S(blocks * 16 + (Kp - blocks * kBlockBytes) / 4), xq(M_ * Kp, 0), natural(M_ * Kp, 0),
+        start(M_ * S, 0), d(M_ * Gp, 0.f), dsum(M_ * Gp, 0.f) {}
+};
+
+#if KVSCOPE_VNNI
+VNNI_TARGET void quantize_rows(const float* x, QuantizedRows& r) {
+  const int64_t groups = r.K / kGroup, tail0 = r.blocks * kBlockBytes;
+  const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128 as u8
+  for (int64_t m = 0; m < r.M; ++m) {
+    int8_t* nat = r.natural.data() + m * r.Kp;
+    int8_t* q = r.xq.data() + m * r.Kp;
+    int32_t* st = r.start.data() + m * r.S;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = x + m * r.K + g * kGroup;
+      const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+      // cvtps_epi32 rounds half to even (the default MXCSR), as torch.round
+      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(id)));
+      const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(id)));
+      _mm_storeu_si128((__m128i*)(nat + g * kGroup), _mm512_cvtsepi32_epi8(qa));
+      _mm_storeu_si128((__m128i*)(nat + g * kGroup + 16), _mm512_cvtsepi32_epi8(qb));
+      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+      r.d[m * r.Gp + g] = d;
+      r.dsum[m * r.Gp + g] = d * static_cast<float>(sum);
+      if (g < r.blocks * kBlockGroups) st[g] = -128 * sum;
+    }
+    for (int64_t k = 0; k < tail0; k += 4) std::memcpy(q + w8a8_position(k, r.K), nat + k, 4);
+    std::memcpy(q + tail0, nat + tail0, r.Kp - tail0);
+    for (int64_t p = 0; tail0 + 64 * p < r.Kp; ++p) {  // 128 * (4-byte sums of xq), negated
+      const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u128, _mm512_loadu_si512(q + tail0 + 64 * p));
+      _mm512_storeu_si512(st + r.blocks * 16 + 16 * p, _mm512_sub_epi32(_mm512_setzero_si512(), s));
+    }
+  }
+}
+
+// out[m0 .. m0 + MB - 1] of output feature n (one weight row: u8 wr, scales sr, offsets zr)
+template <int MB>
+VNNI_TARGET void w8a8_row(const QuantizedRows& r, int64_t m0, const uint8_t* wr, const float* sr, const float* zr,
+                          float* res) {
+  const int64_t K = r.K, groups = K / kGroup, tail0 = r.blocks * kBlockBytes;
+  __m512 tot[MB], off[MB];
+  for (int m = 0; m < MB; ++m) tot[m] = off[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < r.blocks; ++b) {
+    __m512i acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_si512(r.start.data() + (m0 + m) * r.S + 16 * b);
+    for (int64_t j = 0; j < 8; ++j) {
+      const __m512i w = _mm512_loadu_si512(wr + b * kBlockBytes + 64 * j);
+      for (int m = 0; m < MB; ++m)
+        acc[m] = _mm512_dpbusd_epi32(acc[m], w, _mm512_loadu_si512(r.xq.data() + (m0 + m) * r.Kp + b * kBlockBytes + 64 * j));
+    }
+    const __m512 sw = _mm512_loadu_ps(sr + 16 * b), zw = _mm512_loadu_ps(zr + 16 * b);
+    for (int m = 0; m < MB; ++m) {
+      const int64_t row = (m0 + m) * r.Gp + 16 * b;
+      tot[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_mul_ps(sw, _mm512_loadu_ps(r.d.data() + row)), tot[m]);
+      off[m] = _mm512_fmadd_ps(zw, _mm512_loadu_ps(r.dsum.data() + row), off[m]);
+    }
+  }
+  if (tail0 < K) {  // the last groups % 16 groups, two per 64 bytes
+    const int64_t g0 = r.blocks * kBlockGroups;
+    const __mmask16 gk = (__mmask16)((1u << (groups - g0)) - 1);
+    const __m512 sw = _mm512_maskz_loadu_ps(gk, sr + g0), zw = _mm512_maskz_loadu_ps(gk, zr + g0);
+    __m512 sc[MB];
+    for (int m = 0; m < MB; ++m) {
+      const int64_t row = (m0 + m) * r.Gp + g0;
+      sc[m] = _mm512_mul_ps(sw, _mm512_loadu_ps(r.d.data() + row));
+      off[m] = _mm512_fmadd_ps(zw, _mm512_loadu_ps(r.dsum.data() + row), off[m]);
+    }
+    for (int64_t p = 0; tail0 + 64 * p < K; ++p) {
+      const int64_t k = tail0 + 64 * p;
+      // a last pair with one group: its second half is not read (xq is 0 there)
+      const __m512i w = K - k >= 64 ? _mm512_loadu_si512(wr + k) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, wr + k);
+      // lanes 0-7 take group 2p's scale, lanes 8-15 group 2p + 1's
+      const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(2 * p),
+                                             _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
+      for (int m = 0; m < MB; ++m) {
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_loadu_si512(r.start.data() + (m0 + m) * r.S + r.blocks * 16 + 16 * p),
+                                                w, _mm512_loadu_si512(r.xq.data() + (m0 + m) * r.Kp + k));
+        tot[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(lanes, sc[m]), tot[m]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m) res[m] = _mm512_reduce_add_ps(_mm512_add_ps(tot[m], off[m]));
+}
+
+VNNI_TARGET void w8a8_rows(int64_t n0, int64_t n1, const QuantizedRows& r, const uint8_t* w, const float* s,
+                           const float* z, const float* bias, float* out, int64_t N) {
+  const int64_t K = r.K, groups = K / kGroup;
+  float res[kRowBlock];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wr = w + n * K;
+    const float* sr = s + n * groups;
+    const float* zr = z + n * groups;
+    if (n + kPrefetchRows < n1) {  // the hardware prefetcher alone left ~25% of the bandwidth unused
+      const char* ahead = reinterpret_cast<const char*>(wr + kPrefetchRows * K);
+      for (int64_t b = 0; b < K; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      for (int64_t b = 0; b < groups * 4; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(sr + kPrefetchRows * groups) + b, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(zr + kPrefetchRows * groups) + b, _MM_HINT_T0);
+      }
+    }
+    for (int64_t m0 = 0; m0 < r.M; m0 += kRowBlock) {
+      const int64_t mb = std::min(kRowBlock, r.M - m0);
+      switch (mb) {  // the rows' accumulators in registers
+        case 1: w8a8_row<1>(r, m0, wr, sr, zr, res); break;
+        case 2: w8a8_row<2>(r, m0, wr, sr, zr, res); break;
+        case 3: w8a8_row<3>(r, m0, wr, sr, zr, res); break;
+        case 4: w8a8_row<4>(r, m0, wr, sr, zr, res); break;
+        case 5: w8a8_row<5>(r, m0, wr, sr, zr, res); break;
+        case 6: w8a8_row<6>(r, m0, wr, sr, zr, res); break;
+        case 7: w8a8_row<7>(r, m0, wr, sr, zr, res); break;
+        default: w8a8_row<8>(r, m0, wr, sr, zr, res); break;
+      }
+      for (int64_t m = 0; m < mb; ++m) out[(m0 + m) * N + n] = res[m] + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+#endif
+
+void check_w8a8(const torch::Tensor& w, const torch::Tensor& scales, const torch::Tensor& offsets) {
+  TORCH_CHECK(cpu_has_vnni(), "w8a8 weights need AVX512-VNNI (check cpu_has_vnni() first)");
+  check_grouped(w, scales, offsets, torch::kUInt8, "uint8 (w8a8 layout)");
+}
+
+}  // namespace
+
+torch::Tensor w8a8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor scales, torch::Tensor offsets,
+                          c10::optional<torch::Tensor> bias) {
+  check_w8a8(w, scales, offsets);
+  const int64_t N = w.size(0), K = w.size(1);
+  check_x(x, K);
+  const float* bp = bias_data(bias, N);
+  const int64_t M = x.size(0);
+  auto out = torch::empty({M, N}, x.options());
+#if KVSCOPE_VNNI
+  QuantizedRows r(M, K);
+  quantize_rows(x.data_ptr<float>(), r);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* zp = offsets.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(16, 65536 / std::max<int64_t>(K, 1));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { w8a8_rows(n0, n1, r, wp, sp, zp, bp, op, N); });
+#endif
+  return out;
+}
+
+// x quantized as w8a8_linear does: (xq [M, K] int8 in natural order, d [M, K / 32]); for tests
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x) {
+  TORCH_CHECK(cpu_has_vnni(), "quantize_activations needs AVX512-VNNI");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % kGroup == 0, "x must be [M, K] with K divisible by ", kGroup);
+  check_x(x, x.size(1));
+  const int64_t M = x.size(0), K = x.size(1), G = K / kGroup;
+  auto xq = torch::empty({M, K}, x.options().dtype(torch::kInt8));
+  auto d = torch::empty({M, G}, x.options());
+#if KVSCOPE_VNNI
+  QuantizedRows r(M, K);
+  quantize_rows(x.data_ptr<float>(), r);
+  for (int64_t m = 0; m < M; ++m) {
+    std::memcpy(xq.data_ptr<int8_t>() + m * K, r.natural.data() + m * r.Kp, K);
+    std::memcpy(d.data_ptr<float>() + m * G, r.d.data() + m * r.Gp, G * sizeof(float));
+  }
+#endif
+  return {xq, d};
+}
+
+// out = (w - 128) * scale + offset per group, in natural order, as float32 [N, K] (into
+// ``out``, reused by the caller): the many-rows path of w8a8 weights
+void w8a8_dequantize(torch::Tensor w, torch::Tensor scales, torch::Tensor offsets, torch::Tensor out) {
+  check_w8a8(w, scales, offsets);
+  const int64_t N = w.size(0), K = w.size(1), groups = K / kGroup;
+  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.size(0) == N &&
+                  out.size(1) == K, "out must be a contiguous float32 [N, K] tensor");
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* zp = offsets.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = n * groups + k / kGroup;
+        op[n * K + k] = static_cast<float>(static_cast<int32_t>(wp[n * K + w8a8_position(k, K)]) - 128) * sp[g] + zp[g];
+      }
   });
 }
 
@@ -232,4 +492,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("int8_dequantize", &int8_dequantize, "int8 [N,K] * scales + offsets -> f32 [N,K] into out",
         py::call_guard<py::gil_scoped_release>());
+  m.def("w8a8_linear", &w8a8_linear,
+        "x [M,K] f32, quantized to int8 per 32, @ (w8a8 u8 [N,K] - 128) * scales + offsets, VNNI",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("w8a8_dequantize", &w8a8_dequantize, "w8a8 u8 [N,K] -> f32 [N,K] (natural order) into out",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("quantize_activations", &quantize_activations, "x -> (int8 xq, scale per 32) as w8a8_linear does",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("cpu_has_vnni", &cpu_has_vnni, "whether this CPU runs the w8a8 kernels (AVX512-VNNI, BW, VL)");
 }

@@ -23,12 +23,20 @@ embeddings, tied to its lm_head) is scale * q already, and a Q4_1 group (its oth
 linears) holds 16 levels d apart from min to min + 15 d, which an affine step of
 15 d / 255 = d / 17 hits on every 17th level (up to float rounding).
 
+w8a8 (``quantization="w8a8"``, opt-in, never the default) stores the same int8 weights
+in a layout for AVX512-VNNI and, at up to 16 rows, also rounds each linear's input to int8
+per group of 32 (d = max |x| / 127, as llama.cpp's Q8 activations) so that each group's
+dot product is one exact integer from vpdpbusd: ~2.2-3.5x less CPU per weight than the
+int8 kernel, for a measured accuracy cost (bench/RESULTS.md: logits move by ~1% of their
+range, where int8's move by 2e-6). On a CPU without VNNI it gives the int8 format.
+
 The extension is compiled on first use (kernels/cpu_build.py: torch.utils.cpp_extension;
 needs a C++ compiler and ninja; ~30-60 s, then cached in the venv under kvscope-kernels/).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -36,6 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_build
+
+logger = logging.getLogger(__name__)
 
 GROUP = 32
 # Up to this many rows the kernel beats dequantize + F.linear: every linear weight of
@@ -49,12 +59,22 @@ class KernelUnavailableError(cpu_build.KernelUnavailableError):
     """Kept for callers that catch it here: the kernels could not be built."""
 
 
+_ext: tuple = (None, None)  # (cpu_build.OPENMP, module) of the last load
+
+
 def extension():
-    """The compiled kernels (built once per machine, then loaded from the cache)."""
+    """The compiled kernels (built once per machine, then loaded from the cache). Kept
+    here per OpenMP setting: each decode step calls this ~120 times, and the loader's
+    lookup (a lock, the flags) costs about a microsecond a call."""
+    global _ext
+    if _ext[1] is not None and _ext[0] == cpu_build.OPENMP:
+        return _ext[1]
     try:
         # -ffp-contract=off: q * scale + offset stays a multiply then an add, the same
         # two roundings as dequantize_int8
-        return cpu_build.load_cpu_extension("cpu_linear.cpp", ("-ffp-contract=off",))
+        module = cpu_build.load_cpu_extension("cpu_linear.cpp", ("-ffp-contract=off",))
+        _ext = (cpu_build.OPENMP, module)
+        return module
     except cpu_build.KernelUnavailableError as exc:
         raise KernelUnavailableError(
             f"reduced-precision CPU weights need {exc}. Use the default float32 weights instead.") from exc
@@ -175,4 +195,79 @@ class BF16Weight:
         return F.linear(x, w, bias)
 
 
-WEIGHT_FORMATS = {"int8": Int8Weight, "bfloat16": BF16Weight}
+BLOCK_GROUPS = 16  # groups per interleaved block of the w8a8 layout
+
+
+def w8a8_layout(q: torch.Tensor) -> torch.Tensor:
+    """int8 q [N, K] as w8a8_linear reads it: uint8 q + 128, each run of 16 groups (512
+    weights) interleaved in 4-byte chunks (kernels/cpu_linear.cpp), the rest in order."""
+    n, k = q.shape
+    blocked = k // (GROUP * BLOCK_GROUPS) * GROUP * BLOCK_GROUPS
+    u = (q.to(torch.int16) + 128).to(torch.uint8)
+    blocks = u[:, :blocked].reshape(n, -1, BLOCK_GROUPS, GROUP // 4, 4).transpose(2, 3).reshape(n, blocked)
+    return torch.cat([blocks, u[:, blocked:]], dim=1).contiguous()
+
+
+_VNNI: bool | None = None  # whether this CPU runs the w8a8 kernels; asked once
+
+
+def has_vnni() -> bool:
+    """AVX512-VNNI (with BW and VL) on this CPU: what w8a8 weights need."""
+    global _VNNI
+    if _VNNI is None:
+        _VNNI = bool(extension().cpu_has_vnni())
+    return _VNNI
+
+
+@dataclass(frozen=True, eq=False)
+class W8A8Weight:
+    """An int8 weight whose few-rows linear also quantizes x to int8 per group of 32 and
+    multiplies with VNNI integer dot products (llama.cpp's Q8 activations); written once
+    by ``from_float``, which gives the plain int8 format (float32 activations) on a CPU
+    without AVX512-VNNI. Many rows (prefill) take the int8 format's float32 path."""
+
+    w: torch.Tensor  # uint8 [N, K], w8a8_layout of the int8 q
+    scales: torch.Tensor  # float32 [N, K / 32]
+    offsets: torch.Tensor  # float32 [N, K / 32]
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> "W8A8Weight | Int8Weight":
+        q, scales, offsets = quantize_int8(weight)
+        if not has_vnni():
+            _warn_no_vnni()
+            return Int8Weight(q, scales, offsets)
+        return cls(w8a8_layout(q), scales, offsets)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.w.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.numel() + 4 * (self.scales.numel() + self.offsets.numel())
+
+    def dequantize(self) -> torch.Tensor:
+        out = torch.empty(self.shape)
+        extension().w8a8_dequantize(self.w, self.scales, self.offsets, out)
+        return out
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x = x.contiguous()
+        if x.shape[0] <= INT8_KERNEL_MAX_ROWS:
+            return extension().w8a8_linear(x, self.w, self.scales, self.offsets, bias)
+        w = _Scratch.get(self.shape)
+        extension().w8a8_dequantize(self.w, self.scales, self.offsets, w)
+        return F.linear(x, w, bias)
+
+
+_warned: set[str] = set()
+
+
+def _warn_no_vnni() -> None:
+    if "vnni" not in _warned:
+        _warned.add("vnni")
+        logger.warning("quantization='w8a8' needs AVX512-VNNI, which this CPU lacks: "
+                       "using the int8 format (float32 activations) instead")
+
+
+WEIGHT_FORMATS = {"int8": Int8Weight, "w8a8": W8A8Weight, "bfloat16": BF16Weight}

@@ -24,6 +24,12 @@ MAX_BLOCK_SIZE = 1024  # tokens; vLLM's largest supported block is far smaller
 # cache, each with its own partial last block (vLLM v1's parallel sampling).
 N_SHARING_MODES = ("cow", "prefix_cache")
 
+# CPU reduced-precision linears (``quantization=``; kernels/cpu_linear.py), never the default:
+# "int8" stores weights as int8 per group of 32 and computes in float32; "w8a8" also rounds
+# each linear's input to int8 per group of 32 for VNNI integer dot products at batch 1
+# (llama.cpp's Q8 activations; "int8" on a CPU without AVX512-VNNI).
+QUANTIZATIONS = ("int8", "w8a8")
+
 # The order the scheduler serves requests in (SchedulerConfig.policy). "fcfs" is vLLM's
 # default: running requests, then waiting ones, by arrival; under block pressure the
 # newest running request is preempted. "fair" is kvscope's own, for a server shared by

@@ -302,7 +302,7 @@ class Linear(nn.Module):
         return self.packed.linear(x, self.weight, self.bias)
 
     def reduce_precision(self, fmt: str) -> None:
-        """Store the weight as ``fmt`` ("int8" or "bfloat16"), computed in float32."""
+        """Store the weight as ``fmt`` (one of REDUCED_FORMATS; kernels/cpu_linear.py)."""
         self.reduced = reduced_weight(self.weight, fmt)
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)  # free the float32 copy
 
@@ -318,11 +318,11 @@ class Linear(nn.Module):
         return self.weight.numel() * self.weight.element_size()
 
 
-REDUCED_FORMATS = ("int8", "bfloat16")
+REDUCED_FORMATS = ("int8", "w8a8", "bfloat16")
 
 
 def reduced_weight(weight: torch.Tensor, fmt: str):
-    """``weight`` [N, K] as an int8 / bfloat16 weight of kernels.cpu_linear (CPU only)."""
+    """``weight`` [N, K] as an int8 / w8a8 / bfloat16 weight of kernels.cpu_linear (CPU only)."""
     from kernels.cpu_linear import WEIGHT_FORMATS
 
     if fmt not in WEIGHT_FORMATS:

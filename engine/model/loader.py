@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from engine.core.config import QUANTIZATIONS
 from engine.model.base import CausalLM
 from engine.model.checkpoint import open_checkpoint
 from engine.model.gguf_cache import DEFAULT_MODEL, default_gguf_path, ensure_dequantized
@@ -72,13 +73,14 @@ def resolve_model_dir(model: str, cache_dir: str | os.PathLike | None = None) ->
 def resolve_weight_format(dtype: str | torch.dtype, quantization: str | None, device: torch.device) -> str:
     """How the linear weights are stored: "float32" (the default), or on the CPU
     "bfloat16" (``dtype="bfloat16"``) or "int8" (``quantization="int8"``), both computed
-    in float32 (kernels/cpu_linear.py). On CUDA ``dtype`` is the compute dtype as usual."""
-    if quantization not in (None, "int8"):
-        raise ValueError(f"unknown quantization {quantization!r}; use None or 'int8'")
+    in float32, or "w8a8" (int8 weights, inputs rounded to int8: kernels/cpu_linear.py).
+    On CUDA ``dtype`` is the compute dtype as usual."""
+    if quantization not in (None, *QUANTIZATIONS):
+        raise ValueError(f"unknown quantization {quantization!r}; use None or one of {QUANTIZATIONS}")
     if quantization is not None:
         if device.type != "cpu":
-            raise ValueError("quantization='int8' is a CPU feature (weight-only int8 linears)")
-        return "int8"
+            raise ValueError(f"quantization={quantization!r} is a CPU feature (int8 linears)")
+        return quantization
     if device.type == "cpu" and dtype in ("bfloat16", "bf16", torch.bfloat16):
         return "bfloat16"
     return "float32"

@@ -104,3 +104,103 @@ def test_linear_reduce_precision_drops_the_float32_weight(ext, fmt):
     assert (lin(x) - before).abs().max() < 0.05  # a coarse check that it is still the same layer
     with pytest.raises(ValueError, match="unknown weight format"):
         Linear(32, 8, False).reduce_precision("int4")
+
+
+# ---- w8a8: int8 weights x int8-rounded inputs, VNNI ----------------------------------------
+
+@pytest.fixture(scope="module")
+def vnni(ext):
+    if not C.has_vnni():
+        pytest.skip("this CPU has no AVX512-VNNI: w8a8 gives the int8 format (test_w8a8_without_vnni_is_int8)")
+    return ext
+
+
+def _w8a8(n, k, seed=0):
+    w8 = C.Int8Weight.from_float(_weight(n, k, seed))
+    return w8, C.W8A8Weight.from_float(_weight(n, k, seed))
+
+
+# K: no whole block of 16 groups (160), one and a pair left (576: SmolLM2's hidden), whole
+# blocks only (1024), blocks and an odd group left (1056), SmolLM2's intermediate (1536)
+KS = [32, 160, 576, 1024, 1056, 1536]
+
+
+@pytest.mark.parametrize("k", KS)
+def test_w8a8_layout_holds_the_int8_weight(vnni, k):
+    w8, wa = _w8a8(24, k, seed=k)
+    assert wa.w.dtype == torch.uint8 and wa.nbytes == w8.nbytes
+    assert torch.equal(wa.scales, w8.scales) and torch.equal(wa.offsets, w8.offsets)
+    assert torch.equal(wa.dequantize(), w8.dequantize())  # the same multiply and add
+    # the layout is a permutation within each row of q + 128
+    assert torch.equal(wa.w.sort(dim=1).values, (w8.q.to(torch.int16) + 128).to(torch.uint8).sort(dim=1).values)
+
+
+def _quantize_reference(x):
+    """x rounded per group of 32 as the kernel does it, in torch float32 (d = max |x| / 127,
+    xq = round half to even of x * (1 / d))."""
+    g = x.reshape(x.shape[0], -1, 32)
+    d = g.abs().amax(-1) / 127.0
+    inv = torch.where(d > 0, 1.0 / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    return torch.round(g * inv[..., None]).to(torch.int8).reshape(x.shape), d
+
+
+def test_w8a8_input_rounding_is_exactly_the_reference(vnni):
+    x = torch.randn(5, 576)
+    x[1, 32:64] = 0  # a zero group: d = 0, xq = 0
+    x[2, :32] = torch.arange(32) - 16.0  # d = 16 / 127: halves to even at 127 * v / 16
+    xq, d = vnni.quantize_activations(x)
+    rq, rd = _quantize_reference(x)
+    assert torch.equal(xq, rq) and torch.equal(d, rd)
+    assert int(xq.abs().max()) == 127 and not xq[1, 32:64].any()
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 16])
+def test_w8a8_linear_is_its_quantized_math(vnni, k, rows):
+    """Against float64 of the same math: x_hat = d * xq (exactly the kernel's rounding), times
+    the dequantized weight. The integer dot products are exact; what is left is float32
+    rounding of a few products and a sum over K / 32 groups, bounded as such."""
+    w8, wa = _w8a8(40, k, seed=rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k + rows))
+    b = torch.randn(40)
+    xq, d = vnni.quantize_activations(x)
+    xhat = (xq.double().reshape(rows, -1, 32) * d.double()[..., None]).reshape(rows, k)
+    w = w8.dequantize().double()
+    ref = xhat @ w.T + b.double()
+    y = wa.linear(x, b)
+    groups = k // 32
+    bound = (groups + 16) * torch.finfo(torch.float32).eps * (xhat.abs() @ w.abs().T + b.double().abs())
+    assert bool(((y.double() - ref).abs() <= bound).all()), (y.double() - ref).abs().max()
+    # and it is not the float32-input result: the rounding of x shows
+    assert not torch.allclose(y, w8.linear(x, b), rtol=1e-6, atol=1e-6)
+
+
+def test_w8a8_many_rows_take_the_float_path(vnni):
+    w8, wa = _w8a8(50, 576)
+    x = torch.randn(C.INT8_KERNEL_MAX_ROWS + 1, 576)
+    torch.testing.assert_close(wa.linear(x, None), F.linear(x, w8.dequantize(), None), rtol=1e-5, atol=1e-5)
+
+
+def test_w8a8_kernel_rejects_bad_inputs(vnni):
+    _, wa = _w8a8(8, 64)
+    with pytest.raises(RuntimeError, match="uint8"):
+        vnni.w8a8_linear(torch.randn(2, 64), wa.w.view(torch.int8), wa.scales, wa.offsets, None)
+    with pytest.raises(RuntimeError, match="features"):
+        vnni.w8a8_linear(torch.randn(2, 32), wa.w, wa.scales, wa.offsets, None)
+    with pytest.raises(RuntimeError, match="offsets"):
+        vnni.w8a8_linear(torch.randn(2, 64), wa.w, wa.scales, wa.offsets[:1], None)
+
+
+def test_w8a8_without_vnni_is_int8(ext, monkeypatch, caplog):
+    monkeypatch.setattr(C, "_VNNI", False)
+    monkeypatch.setattr(C, "_warned", set())
+    with caplog.at_level("WARNING", logger="kernels.cpu_linear"):
+        w = C.W8A8Weight.from_float(_weight(30, 96))
+        C.W8A8Weight.from_float(_weight(30, 96))
+    assert isinstance(w, C.Int8Weight) and caplog.text.count("needs AVX512-VNNI") == 1
+    assert torch.equal(w.q, C.Int8Weight.from_float(_weight(30, 96)).q)
+    lin = Linear(96, 30, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(_weight(30, 96))
+    lin.reduce_precision("w8a8")
+    assert isinstance(lin.reduced, C.Int8Weight)
