@@ -10,6 +10,7 @@ oracle's, dotted, is the reachable one), as a plotly figure.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 from typing import Any, Iterator
 
@@ -86,31 +87,40 @@ _JOB: dict[str, Any] = {}  # what forked workers run: set before the fork, read 
 def map_runs(fn, trace, cfgs: list[SimConfig], workers: int = 1) -> Iterator[Any]:
     """``fn(trace, cfg, shared)`` for each of ``cfgs``, yielded in their order: here, or in
     ``workers`` forked processes. ``shared``: the prompts' tokens and hashes
-    (``SharedPrompts``), made once here before the fork, so no worker makes them again
-    (the trace and they reach the workers by the fork, not pickled, and the collector,
-    frozen over them, never scans them there). Each run is one core, so two workers use
-    both of a 2-core box's cores; results come back pickled."""
+    (``SharedPrompts``), made once here before any run (and before the fork: no worker
+    makes them again; they and the trace reach the workers by the fork, not pickled).
+    The collector is frozen over them: never scanned again, nor copied on write in a
+    worker. Each run is one core, so two workers use both of a 2-core box's cores;
+    results come back pickled."""
     shared = SharedPrompts(trace).prepare(cfgs)
-    if workers <= 1 or len(cfgs) <= 1:
-        for cfg in cfgs:
-            yield fn(trace, cfg, shared)
-        return
-    import gc
-    import multiprocessing
-
     _JOB.update(fn=fn, trace=trace, cfgs=cfgs, shared=shared)
     gc.collect()
-    gc.freeze()  # what the workers inherit stays put: no copy-on-write by the collector
+    gc.freeze()
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(cfgs))) as pool:
-            yield from pool.imap(_job, range(len(cfgs)))
+        if workers <= 1 or len(cfgs) <= 1:
+            yield from map(_job, range(len(cfgs)))
+        else:
+            import multiprocessing
+
+            with multiprocessing.get_context("fork").Pool(min(workers, len(cfgs))) as pool:
+                yield from pool.imap(_job, range(len(cfgs)))
     finally:
         gc.unfreeze()
         _JOB.clear()
 
 
 def _job(i: int) -> Any:
-    return _JOB["fn"](_JOB["trace"], _JOB["cfgs"][i], _JOB["shared"])
+    """One run, with the cycle collector off until the run is garbage and then one collection
+    to free it: a run's objects are millions and in cycles (the pools' linked free queues),
+    and a collector back on at the run's end walked them, still alive, first."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _JOB["fn"](_JOB["trace"], _JOB["cfgs"][i], _JOB["shared"])
+    finally:
+        gc.collect()
+        if was:
+            gc.enable()
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
