@@ -27,7 +27,7 @@ import time
 from engine.core import CacheConfig, SchedulerConfig
 from engine.simulate.cost import default_cost
 from engine.simulate.report import summarize
-from engine.simulate.simulation import SimConfig, simulate
+from engine.simulate.simulation import SharedPrompts, SimConfig, simulate
 from engine.simulate.sweep import map_runs
 from engine.simulate.trace import Trace, read_jsonl
 
@@ -42,7 +42,7 @@ def config(args: argparse.Namespace, pods: int, router: str, blocks: int) -> Sim
                      default_cost())
 
 
-def run_one(trace: Trace, cfg: SimConfig, known_hashes: dict | None = None) -> dict:
+def run_one(trace: Trace, cfg: SimConfig, shared: SharedPrompts | None = None) -> dict:
     load0 = os.getloadavg()[0]
     gc_s = [0.0, 0.0]  # time in the garbage collector, and when the running one started
 
@@ -55,7 +55,7 @@ def run_one(trace: Trace, cfg: SimConfig, known_hashes: dict | None = None) -> d
     gc.callbacks.append(gc_timer)
     c0, t0 = time.process_time(), time.perf_counter()
     try:
-        res = simulate(trace, cfg, known_hashes=known_hashes)
+        res = simulate(trace, cfg, shared=shared)
     finally:
         gc.callbacks.remove(gc_timer)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     trace = read_jsonl(__import__("pathlib").Path(a.trace))
     if a.requests:
         trace = dataclasses.replace(trace, requests=trace.requests[:a.requests])
-    if a.sweep:  # as run_sweep runs it: no miss causes, prompt hashes shared, --workers
+    if a.sweep:  # as run_sweep runs it: no miss causes, prompts made once, --workers
         t0, c0, load0 = time.perf_counter(), _cpu_with_children(), os.getloadavg()[0]
         cfgs = [dataclasses.replace(config(a, a.pods, router, blocks), miss_causes=False)
                 for blocks in SWEEP_BLOCKS for router in SWEEP_ROUTERS]

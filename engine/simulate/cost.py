@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 from engine.core.scheduler_output import SchedulerOutput
 from engine.events.schema.types import ScheduledPhase
 
+_PHASE, _TOKENS, _START = attrgetter("phase"), attrgetter("token_ids"), attrgetter("start_position")
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "step_cost"
 
 
@@ -44,14 +46,12 @@ class StepCost:
                 + self.per_context_token * context)
 
     def of(self, out: SchedulerOutput) -> float:
-        prefill = decode = context = 0
-        for s in out.scheduled:
-            if s.phase is ScheduledPhase.DECODE:
-                decode += 1
-            else:
-                prefill += len(s.token_ids)
-            context += s.start_position + len(s.token_ids)
-        return self.seconds(prefill, decode, context)
+        """A decode entry computes one token, a prefill chunk its ``token_ids``; every entry
+        attends over ``start_position + len(token_ids)`` (counted in C, not per entry)."""
+        s = out.scheduled
+        decode = list(map(_PHASE, s)).count(ScheduledPhase.DECODE)
+        new = sum(map(len, map(_TOKENS, s)))
+        return self.seconds(new - decode, decode, sum(map(_START, s)) + new)
 
     @classmethod
     def parse(cls, text: str) -> StepCost:

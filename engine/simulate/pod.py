@@ -14,7 +14,10 @@ hashes of the last finished step, what vLLM's publisher sends). Only the oracle 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 
 from engine.core import (
     CacheConfig, ModelRunnerOutput, Request, RequestStatus, SampledToken, SamplingParams, Scheduler,
@@ -28,6 +31,7 @@ from engine.simulate.trace import TracedRequest, placeholder_tokens
 
 ENDED_OUTSIDE = ("stop_string", "abort")  # trace finishes the engine made from outside the core
 _SAMPLED: dict[int, SampledToken] = {}  # one (immutable) SampledToken per token id, shared
+_SAMPLE_IDS, _SAMPLES = attrgetter("sample_ids"), attrgetter("samples")
 
 
 @dataclass(slots=True)
@@ -49,11 +53,10 @@ class RequestTimes:
 @dataclass(slots=True)
 class _Live:
     trace: TracedRequest
-    index: int  # the request's index in the trace (its placeholder stream)
     times: RequestTimes
     request: Request
-    block_hashes: tuple[str, ...] = ()  # what a lookup may hit, for the reachable figure
-    samples: list[SampledToken] | None = None  # what it samples at each output position (made when needed)
+    block_hashes: tuple[str, ...]  # what a lookup may hit, for the reachable figure
+    samples: Iterator[SampledToken]  # what it samples next, at each output position
 
 
 class SimPod:
@@ -75,6 +78,7 @@ class SimPod:
         self.ending_outside: dict[str, _Live] = {}  # live requests a stop string or abort ends
         self._stopping: list[str] = []
         self.finished_ids: list[str] = []
+        self._no_token: dict[str, RequestTimes] = {}  # live requests that sampled no token yet
         self.fleet: list[SimPod] = [self]  # every pod: where else a prefix could have hit
         self._hook_pool()
 
@@ -129,9 +133,10 @@ class SimPod:
         req = Request(tr.request_id, tokens, params, arrival_time=times.arrival, client=tr.client)
         self.scheduler.add_request(req)
         if block_hashes:  # the router hashed them already
-            self.kv.give_block_hashes(req.request_id, list(block_hashes))
+            self.kv.give_block_hashes(req.request_id, block_hashes)
         times.num_prompt_tokens = len(tokens)
-        live = self.live[tr.request_id] = _Live(tr, index, times, req, block_hashes)
+        live = self.live[tr.request_id] = _Live(tr, times, req, block_hashes, _samples(tr, index))
+        self._no_token[tr.request_id] = times
         if tr.finish in ENDED_OUTSIDE:
             self.ending_outside[tr.request_id] = live
 
@@ -149,8 +154,11 @@ class SimPod:
     def _finished(self, request_id: str) -> None:
         live = self.live.pop(request_id)
         self.ending_outside.pop(request_id, None)
-        live.times.finished = self.clock
-        live.times.num_preemptions = live.request.num_preemptions
+        self._no_token.pop(request_id, None)
+        t = live.times
+        t.finished = self.clock
+        t.num_output_tokens = live.request.num_output_tokens
+        t.num_preemptions = live.request.num_preemptions
         self.finished_ids.append(request_id)
 
     def take_finished(self) -> list[str]:
@@ -185,50 +193,29 @@ class SimPod:
 
     def finish_step(self) -> None:
         """Close the step in flight at ``clock``: sample, update, enter the requests that
-        arrived meanwhile."""
+        arrived meanwhile. Per sample, no Python: each live request's next sample comes off
+        its own iterator (one sample per step it samples in, nothing else appends to it)."""
         out, self.in_flight = self.in_flight, None
-        sampled = {}
-        all_live = self.live
-        lives = []
-        for s in out.scheduled:
-            for sid in s.sample_ids:
-                live = all_live[sid]
-                k = len(live.request.token_ids) - live.times.num_prompt_tokens  # outputs so far
-                samples = live.samples
-                if samples is None or k >= len(samples):
-                    samples = live.samples = self._samples(live, k)
-                sampled[sid] = samples[k]
-                lives.append(live)
+        sids = list(chain.from_iterable(map(_SAMPLE_IDS, out.scheduled)))
+        sampled = dict(zip(sids, map(next, map(_SAMPLES, map(self.live.__getitem__, sids)))))
+        if len(sampled) != len(sids):
+            raise RuntimeError("a request sampled past its trace's output (or twice in a step)")
+        requests = self.scheduler.requests
+        before = len(requests)
         self.scheduler.update_from_output(out, ModelRunnerOutput(sampled))  # outputs: none
         self.num_steps += 1
-        clock = self.clock
-        for live in lives:
-            rid = live.request.request_id
-            if all_live.get(rid) is not live:  # ended from outside since the schedule: no token
-                continue
-            t = live.times
-            t.num_output_tokens += 1
-            if t.first_token is None:
-                t.first_token = clock
-            if live.request.status.is_finished:  # finished by this update
-                self._finished(rid)
+        no_token = self._no_token
+        if no_token:
+            clock = self.clock
+            for rid in no_token.keys() & sampled.keys():
+                no_token.pop(rid).first_token = clock
+        if len(requests) < before:  # finished by this update (in the order they sampled)
+            for rid in sids:
+                if rid not in requests:
+                    self._finished(rid)
         pending, self.pending = self.pending, []
         for item in pending:
             self._enter(*item)
-
-    @staticmethod
-    def _samples(live: _Live, k: int) -> list[SampledToken]:
-        """What the runner samples for ``live`` at each output position (at least up to
-        ``k``): the trace's recorded tokens, then placeholders, the trace's length at once
-        (+1: an abort's). One shared SampledToken per token id."""
-        toks = live.trace.output_token_ids or []
-        n = max(k + 1, live.trace.output_length + 1)
-        ids = list(toks[:n])
-        if len(ids) < n:
-            ids += placeholder_tokens(live.index, len(ids), n)
-        for tok in set(ids).difference(_SAMPLED):  # ids never sampled before (rare)
-            _SAMPLED[tok] = SampledToken(tok)
-        return list(map(_SAMPLED.__getitem__, ids))
 
     def take_feed(self) -> tuple[list[str], list[str]]:
         """The KV event feed since the last call (stored, removed hashes)."""
@@ -236,3 +223,17 @@ class SimPod:
         self._num_stored_taken += len(stored)
         self._hook_pool()
         return stored, removed
+
+
+def _samples(tr: TracedRequest, index: int) -> Iterator[SampledToken]:
+    """What the runner samples for the request at each output position: the trace's recorded
+    tokens, then placeholders, as many as it can sample (its output length, +1: an
+    abort's). One shared SampledToken per token id."""
+    toks = tr.output_token_ids or []
+    n = tr.output_length + 1
+    ids = list(toks[:n])
+    if len(ids) < n:
+        ids += placeholder_tokens(index, len(ids), n)
+    for tok in set(ids).difference(_SAMPLED):  # ids never sampled before (rare)
+        _SAMPLED[tok] = SampledToken(tok)
+    return iter(list(map(_SAMPLED.__getitem__, ids)))

@@ -21,7 +21,7 @@ import gc
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from engine.core import CacheConfig, SchedulerConfig
 from engine.core.hashing import get_hasher
@@ -138,14 +138,46 @@ def _sub(a: float | None, b: float) -> float | None:
     return None if a is None else a - b
 
 
+class SharedPrompts:
+    """What every run of one trace shares (a sweep): each request's prompt tokens, and its
+    prompt hashes per block size and hash algorithm, each made once (``prepare``, before a
+    sweep forks its workers: they inherit them rather than make them again) and read by
+    every run; the same tokens and hashes a run would make (a Mooncake prompt is made
+    from its hash ids, not kept in the trace)."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.tokens: list[list[int]] | None = None
+        self.hashes: dict[tuple[int, str], list[tuple[str, ...]]] = {}
+
+    def prepare(self, cfgs: list[SimConfig]) -> SharedPrompts:
+        for cfg in cfgs:
+            if cfg.arrivals == "times":
+                self.hashes_for(cfg.cache)
+        return self
+
+    def prompts(self) -> list[list[int]]:
+        if self.tokens is None:
+            self.tokens = [tr.tokens() for tr in self.trace.requests]
+        return self.tokens
+
+    def hashes_for(self, cache: CacheConfig) -> list[tuple[str, ...]]:
+        key = (cache.block_size, cache.prefix_caching_hash_algo)
+        if key not in self.hashes:
+            prompt_hashes = PromptHashes(get_hasher(key[1]), key[0])
+            self.hashes[key] = list(map(prompt_hashes, self.trace.requests, self.prompts()))
+        return self.hashes[key]
+
+
 def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None,
-             known_hashes: dict | None = None) -> SimResult:
-    """``known_hashes``: a dict the caller keeps across runs of this one trace (a sweep):
-    each request's prompt hashes per block size and hash algorithm, filled by the first
-    run that needs them and read by the next, not hashed again (the same hashes)."""
+             shared: SharedPrompts | None = None) -> SimResult:
+    """``shared``: the prompts' tokens and hashes, made once for all runs of ``trace``
+    (``SharedPrompts``); without, each request's are made as it arrives."""
     keep = cfg.keep_events or recorder is not None
     if keep and not cfg.miss_causes:
         raise ValueError("a recorded simulation keeps its miss causes (events carry them)")
+    if shared is not None and shared.trace is not trace:
+        raise ValueError("shared prompts of another trace")
     with _no_cycle_collector():  # from the pools' blocks on (a sweep's pods: millions)
         pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep and cfg.recorded(k))
                 for k in range(cfg.num_pods)]
@@ -160,11 +192,12 @@ def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | No
         if cfg.arrivals == "steps":
             _by_steps(trace, pods[0], times, rec)
         else:
-            known = None
-            if known_hashes is not None:
-                key = (cfg.cache.block_size, cfg.cache.prefix_caching_hash_algo)
-                known = known_hashes.setdefault(key, [None] * len(trace.requests))
-            _by_times(trace, pods, router, times, rec, get_hasher(cfg.cache.prefix_caching_hash_algo), known)
+            if shared is not None:
+                prompts = zip(shared.prompts(), shared.hashes_for(cfg.cache))
+            else:
+                prompt_hashes = PromptHashes(get_hasher(cfg.cache.prefix_caching_hash_algo), cfg.cache.block_size)
+                prompts = ((toks, prompt_hashes(tr, toks)) for tr in trace.requests for toks in (tr.tokens(),))
+            _by_times(trace, pods, router, times, rec, prompts)
     result = SimResult(cfg, pods, times, trace, list(rec.run_ids.values()) if rec else [])
     if rec is not None:
         rec.finish(result)
@@ -224,9 +257,9 @@ def _by_steps(trace: Trace, pod: SimPod, times: list[RequestTimes], rec: _Record
 
 
 def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes],
-              rec: _Recording | None, hasher, known: list | None = None) -> None:
+              rec: _Recording | None, prompts: Iterator[tuple[list[int], tuple[str, ...]]]) -> None:
+    """``prompts``: each request's (prompt tokens, prompt hashes), in the trace's order."""
     reqs = trace.requests
-    prompt_hashes = PromptHashes(hasher, pods[0].kv.block_size)
     ends: list[tuple[float, int]] = []  # (step end, pod)
     i = 0
     while i < len(reqs) or ends:
@@ -235,12 +268,7 @@ def _by_times(trace: Trace, pods: list[SimPod], router, times: list[RequestTimes
             started = set()
             while i < len(reqs) and reqs[i].arrival_s == t_arr:
                 tr = reqs[i]
-                tokens = tr.tokens()
-                hashes = None if known is None else known[i]
-                if hashes is None:
-                    hashes = prompt_hashes(tr, tokens)
-                    if known is not None:
-                        known[i] = hashes
+                tokens, hashes = next(prompts)
                 k = router.route(Routed(tr.request_id, tokens, hashes), pods)
                 times[i] = RequestTimes(k, t_arr)
                 pods[k].arrive(tr, i, times[i], tokens, hashes)

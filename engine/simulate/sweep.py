@@ -10,10 +10,11 @@ oracle's, dotted, is the reachable one), as a plotly figure.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 from typing import Any, Iterator
 
-from engine.simulate.simulation import SimConfig, simulate
+from engine.simulate.simulation import SharedPrompts, SimConfig, simulate
 
 SWEEPABLE = {"num_kv_blocks": int, "block_size": int, "pods": int, "router": str,
              "max_num_seqs": int, "max_num_batched_tokens": int}
@@ -49,7 +50,7 @@ def run_sweep(trace, base: SimConfig, sweeps: dict[str, list[Any]], progress=Non
               workers: int = 1) -> list[dict[str, Any]]:
     """A row per combination, in the product's order. The runs read no miss causes (the
     rows have none), so none are classified (``SimConfig.miss_causes``), and they share
-    each request's prompt hashes. ``workers`` > 1: that many forked processes run them,
+    each request's prompt tokens and hashes (``map_runs``). ``workers`` > 1: that many forked processes run them,
     the same rows (tests/simulate/test_cli.py)."""
     names = list(sweeps)
     combos = list(itertools.product(*(sweeps[n] for n in names)))
@@ -68,10 +69,10 @@ def run_sweep(trace, base: SimConfig, sweeps: dict[str, list[Any]], progress=Non
     return rows
 
 
-def _row(trace, cfg: SimConfig, known_hashes: dict) -> dict[str, Any]:
+def _row(trace, cfg: SimConfig, shared: SharedPrompts) -> dict[str, Any]:
     from engine.simulate.report import summarize
 
-    s = summarize(simulate(trace, cfg, known_hashes=known_hashes))
+    s = summarize(simulate(trace, cfg, shared=shared))
     return dict(pods=cfg.num_pods, router=cfg.router, num_kv_blocks=cfg.cache.num_blocks,
                 block_size=cfg.cache.block_size,
                 prefix_cache_hit_rate=s["prefix_cache_hit_rate"], reachable_hit_rate=s["reachable_hit_rate"],
@@ -84,27 +85,42 @@ _JOB: dict[str, Any] = {}  # what forked workers run: set before the fork, read 
 
 
 def map_runs(fn, trace, cfgs: list[SimConfig], workers: int = 1) -> Iterator[Any]:
-    """``fn(trace, cfg, known_hashes)`` for each of ``cfgs``, yielded in their order: here,
-    or in ``workers`` forked processes (the trace goes to them by the fork, not pickled;
-    each keeps its own ``known_hashes``). Each run is one core, so two workers use both
-    of a 2-core box's cores; results come back pickled."""
-    if workers <= 1 or len(cfgs) <= 1:
-        known: dict = {}
-        for cfg in cfgs:
-            yield fn(trace, cfg, known)
-        return
-    import multiprocessing
-
-    _JOB.update(fn=fn, trace=trace, cfgs=cfgs, known={})
+    """``fn(trace, cfg, shared)`` for each of ``cfgs``, yielded in their order: here, or in
+    ``workers`` forked processes. ``shared``: the prompts' tokens and hashes
+    (``SharedPrompts``), made once here before any run (and before the fork: no worker
+    makes them again; they and the trace reach the workers by the fork, not pickled).
+    The collector is frozen over them: never scanned again, nor copied on write in a
+    worker. Each run is one core, so two workers use both of a 2-core box's cores;
+    results come back pickled."""
+    shared = SharedPrompts(trace).prepare(cfgs)
+    _JOB.update(fn=fn, trace=trace, cfgs=cfgs, shared=shared)
+    gc.collect()
+    gc.freeze()
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(cfgs))) as pool:
-            yield from pool.imap(_job, range(len(cfgs)))
+        if workers <= 1 or len(cfgs) <= 1:
+            yield from map(_job, range(len(cfgs)))
+        else:
+            import multiprocessing
+
+            with multiprocessing.get_context("fork").Pool(min(workers, len(cfgs))) as pool:
+                yield from pool.imap(_job, range(len(cfgs)))
     finally:
+        gc.unfreeze()
         _JOB.clear()
 
 
 def _job(i: int) -> Any:
-    return _JOB["fn"](_JOB["trace"], _JOB["cfgs"][i], _JOB["known"])
+    """One run, with the cycle collector off until the run is garbage and then one collection
+    to free it: a run's objects are millions and in cycles (the pools' linked free queues),
+    and a collector back on at the run's end walked them, still alive, first."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _JOB["fn"](_JOB["trace"], _JOB["cfgs"][i], _JOB["shared"])
+    finally:
+        gc.collect()
+        if was:
+            gc.enable()
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:

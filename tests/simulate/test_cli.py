@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from engine.cli import main
 from engine.store.runs import RunStore
 from tests.simulate.test_traces import SHIPPED
@@ -179,3 +181,42 @@ def test_no_miss_causes_reports_the_same_hits_without_causes_and_says_so(capsys,
         assert bare[k] == full[k]
     assert main(args + ["--no-miss-causes", "--record", "--db", str(tmp_path / "x.sqlite")]) == 1
     assert "--record keeps the miss causes" in capsys.readouterr().err
+
+
+def test_a_sweep_makes_each_prompt_once_and_its_runs_read_those_tokens_and_hashes(monkeypatch):
+    """``SharedPrompts``: each request's tokens made once, its hashes once per block size
+    (here 16 and 32, the sweep's), before any run; a run given them reports what a run
+    making its own does, to the per-request time."""
+    import dataclasses
+
+    from engine.core.hashing import get_hasher
+    from engine.simulate import simulation
+    from engine.simulate.simulation import SharedPrompts, simulate
+    from engine.simulate.trace import read_jsonl
+
+    trace = read_jsonl(SHIPPED)
+    made = []
+    monkeypatch.setattr(simulation.TracedRequest, "tokens",
+                        lambda tr, _orig=simulation.TracedRequest.tokens: made.append(tr) or _orig(tr))
+    base = _cli_config(trace)
+    cfgs = [dataclasses.replace(base, cache=dataclasses.replace(base.cache, block_size=bs), router=r)
+            for bs in (16, 32) for r in ("round-robin", "oracle")]
+    shared = SharedPrompts(trace).prepare(cfgs)
+    assert len(made) == len(trace.requests) and sorted(shared.hashes) == [(16, "sha256"), (32, "sha256")]
+    toks = shared.tokens[7]
+    assert shared.hashes[(32, "sha256")][7] == tuple(get_hasher("sha256").full_blocks(toks, 32, [])[:(len(toks) - 1) // 32])
+    for cfg in cfgs:
+        with_shared = simulate(trace, cfg, shared=shared)
+        assert with_shared.requests == simulate(trace, cfg).requests
+    assert len(made) == len(trace.requests) * (1 + len(cfgs))  # the runs without made theirs
+    with pytest.raises(ValueError, match="another trace"):
+        simulate(dataclasses.replace(trace), cfgs[0], shared=shared)
+
+
+def _cli_config(trace):
+    from engine.cli import build_parser
+    from engine.simulate.commands import build_config
+
+    args = build_parser().parse_args(["simulate", str(SHIPPED), "--pods", "2", "--num-kv-blocks", "1100",
+                                      "--max-num-batched-tokens", "2048", *COST])
+    return build_config(args, trace)

@@ -92,6 +92,41 @@ def test_approx_prefix_routes_by_its_own_decisions_without_events():
     assert pods_of(run(burst, pods=2, router="approx-prefix")) == [0, 1, 0, 1]
 
 
+def test_approx_prefix_keeps_its_lru_as_a_set_and_move_to_end_per_chunk_would(monkeypatch):
+    """The LRU's bulk update (chunks out, then in by last occurrence) against GIE's per-chunk
+    rule, on random chunk lists with repeats and an LRU over capacity: the same keys in
+    the same order, and the same pods chosen from them."""
+    import random
+    from collections import OrderedDict
+    from itertools import takewhile
+    from types import SimpleNamespace
+
+    from engine.simulate.routers import approx_prefix
+
+    rnd = random.Random(7)
+    router = approx_prefix.ApproxPrefix(2, BS)
+    ref = [OrderedDict() for _ in range(2)]
+    pods = [SimpleNamespace(load=0), SimpleNamespace(load=1)]
+    monkeypatch.setattr(approx_prefix, "LRU_CAPACITY", 25)
+    chosen = set()
+    for _ in range(400):
+        chunks = [rnd.randrange(40) for _ in range(rnd.randint(0, 12))]
+        monkeypatch.setattr(approx_prefix, "chunk_hashes", lambda tokens: chunks)
+        for p in pods:
+            p.load = rnd.randrange(3)
+        k = router.route(SimpleNamespace(token_ids=[]), pods)
+        score = [len(list(takewhile(lru.__contains__, chunks))) for lru in ref]
+        assert k == max(range(2), key=lambda i: (score[i], -pods[i].load, -i))
+        chosen.add(k)
+        for h in chunks:
+            ref[k][h] = None
+            ref[k].move_to_end(h)
+        while len(ref[k]) > 25:
+            ref[k].popitem(last=False)
+        assert [list(x) for x in router.lru] == [list(x) for x in ref]
+    assert chosen == {0, 1} and all(len(x) == 25 for x in ref)
+
+
 def test_dynamo_trades_overlap_against_the_blocks_in_flight():
     """Pod 0 holds a 4-block prefix but has a long request in flight; Dynamo's cost is
     overlap_weight x new prefill blocks + active blocks (its own bookkeeping): with the

@@ -9,9 +9,10 @@ is ``CHUNK_TOKENS`` = 16 tokens (about 64 characters at 4 characters per token).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import repeat
 
-from engine.simulate.routers.base import Router, best
+from engine.simulate.routers.base import Router, best, consecutive
 
 CHUNK_TOKENS = 16
 MAX_CHUNKS = 256
@@ -36,19 +37,14 @@ class ApproxPrefix(Router):
 
     def route(self, req, pods) -> int:
         chunks = chunk_hashes(req.token_ids)
-        scores = []
-        for lru in self.lru:
-            n = 0
-            for h in chunks:
-                if h not in lru:
-                    break
-                n += 1
-            scores.append(n / len(chunks) if chunks else 0.0)
+        scores = [consecutive(chunks, lru) / len(chunks) if chunks else 0.0 for lru in self.lru]
         k = best(scores, pods)
         lru = self.lru[k]
-        for h in chunks:
-            lru[h] = None
-            lru.move_to_end(h)
-        while len(lru) > LRU_CAPACITY:
+        # each chunk to the most recent end in turn (a set and move_to_end each), in C: the
+        # chunks out, then in again in the order of their last occurrence
+        last = dict.fromkeys(reversed(chunks))
+        deque(map(lru.pop, last, repeat(None)), maxlen=0)
+        lru.update(zip(reversed(last), repeat(None)))
+        for _ in range(len(lru) - LRU_CAPACITY):
             lru.popitem(last=False)
         return k
