@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true", help=f"{len(SWEEP_BLOCKS)} pool sizes x "
                    f"{len(SWEEP_ROUTERS)} routers on --pods pods")
     p.add_argument("--workers", type=int, default=1, help="--sweep: processes running its runs")
-    p.add_argument("--no-miss-causes", action="store_true", help="one run without the miss-cause book "
-                   "(a sweep never keeps one)")
+    p.add_argument("--miss-causes", action="store_true", help="one run with the miss-cause book, "
+                   "as kvscope simulate --miss-causes (a sweep never keeps one)")
     a = p.parse_args(argv)
     trace = read_jsonl(__import__("pathlib").Path(a.trace))
     if a.requests:
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                           "workers": a.workers, "sweep_cpu_s": round(_cpu_with_children() - c0, 1),
                           "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2)}))
         return 0
-    cfg = dataclasses.replace(config(a, a.pods, a.router, a.num_kv_blocks), miss_causes=not a.no_miss_causes)
+    cfg = dataclasses.replace(config(a, a.pods, a.router, a.num_kv_blocks), miss_causes=a.miss_causes)
     if a.profile:
         import cProfile
         import pstats

@@ -20,7 +20,7 @@ import contextlib
 import gc
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from engine.core import CacheConfig, SchedulerConfig
@@ -45,7 +45,7 @@ class SimConfig:
     cost: StepCost
     arrivals: str = "times"
     keep_events: bool = False  # needed to record the runs
-    miss_causes: bool = True  # False: no miss-cause book (hit rates and decisions the same)
+    miss_causes: bool = False  # True: split misses into cold / evicted / partial (a recording always does)
     router_args: dict = field(default_factory=dict)  # e.g. Dynamo's overlap_weight
     record_pods: tuple[int, ...] | None = None  # recording: these pods' events only (None: all)
 
@@ -174,8 +174,8 @@ def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | No
     """``shared``: the prompts' tokens and hashes, made once for all runs of ``trace``
     (``SharedPrompts``); without, each request's are made as it arrives."""
     keep = cfg.keep_events or recorder is not None
-    if keep and not cfg.miss_causes:
-        raise ValueError("a recorded simulation keeps its miss causes (events carry them)")
+    if keep and not cfg.miss_causes:  # a recorded run's events carry the causes
+        cfg = replace(cfg, miss_causes=True)
     if shared is not None and shared.trace is not trace:
         raise ValueError("shared prompts of another trace")
     with _no_cycle_collector():  # from the pools' blocks on (a sweep's pods: millions)

@@ -168,19 +168,30 @@ def test_recording_sampled_pods_keeps_exactly_those_pods_and_says_so(tmp_path):
         dataclasses.replace(cfg, record_pods=(4,))
 
 
-def test_no_miss_causes_reports_the_same_hits_without_causes_and_says_so(capsys, tmp_path):
+def test_miss_causes_are_asked_for_or_recorded_and_change_no_other_figure(capsys, tmp_path):
     args = ["simulate", str(SHIPPED), "--pods", "2", "--router", "precise-prefix", "--num-kv-blocks", "1100",
             "--max-num-batched-tokens", "2048", "--json", *COST]
     assert main(args) == 0
-    full = json.loads(capsys.readouterr().out)
-    assert main(args + ["--no-miss-causes"]) == 0
     bare = json.loads(capsys.readouterr().out)
+    assert main(args + ["--miss-causes"]) == 0
+    full = json.loads(capsys.readouterr().out)
     assert full["prefix_cache_miss_evicted"] > 0 and bare["prefix_cache_miss_evicted"] is None
-    assert bare["notes"] and "not classified" in bare["notes"][0]
+    assert bare["notes"] and "pass --miss-causes" in bare["notes"][0] and full["notes"] == []
     for k in ("prefix_cache_hits", "prefix_cache_queries", "num_blocks_evicted", "num_preemptions", "ttft_s"):
         assert bare[k] == full[k]
-    assert main(args + ["--no-miss-causes", "--record", "--db", str(tmp_path / "x.sqlite")]) == 1
-    assert "--record keeps the miss causes" in capsys.readouterr().err
+    # a recording keeps the book without being asked (its events carry the causes)
+    assert main(args + ["--record", "--db", str(tmp_path / "x.sqlite")]) == 0
+    recorded = json.loads(capsys.readouterr().out)
+    assert recorded["notes"] == []
+    for k in ("prefix_cache_miss_cold", "prefix_cache_miss_evicted", "prefix_cache_miss_partial"):
+        assert recorded[k] == full[k]
+    text = [a for a in args if a != "--json"]
+    assert main(text + ["--miss-causes"]) == 0
+    assert (f"missed tokens: cold {full['prefix_cache_miss_cold']}, evicted {full['prefix_cache_miss_evicted']}, "
+            f"partial {full['prefix_cache_miss_partial']}") in capsys.readouterr().out
+    assert main(text) == 0
+    out = capsys.readouterr().out
+    assert "missed tokens" not in out and "pass --miss-causes" in out
 
 
 def test_a_sweep_makes_each_prompt_once_and_its_runs_read_those_tokens_and_hashes(monkeypatch):

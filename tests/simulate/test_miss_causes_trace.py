@@ -19,7 +19,8 @@ def test_the_book_classifies_as_its_definition_on_the_shipped_trace():
     2,000; 1,100 blocks hold one longest prompt)."""
     trace = read_jsonl(SHIPPED)
     sched = SchedulerConfig(max_model_len=17_000, max_num_batched_tokens=2048, max_num_seqs=32)
-    cfg = SimConfig(1, "round-robin", sched, CacheConfig(block_size=16, num_blocks=1100), default_cost())
+    cfg = SimConfig(1, "round-robin", sched, CacheConfig(block_size=16, num_blocks=1100), default_cost(),
+                    miss_causes=True)
     calls = []
 
     def pod(*a, **k):

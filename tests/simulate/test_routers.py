@@ -164,7 +164,7 @@ def test_a_simulation_that_keeps_no_events_is_the_one_that_keeps_them(name):
 
     tr = _families(3, 6, gap=0.002)
     cfg = SimConfig(3, name, SchedulerConfig(max_model_len=128, max_num_batched_tokens=64, max_num_seqs=4),
-                    CacheConfig(block_size=BS, num_blocks=12), COST)
+                    CacheConfig(block_size=BS, num_blocks=12), COST, miss_causes=True)  # as a recording
     bare, kept = simulate(tr, cfg), simulate(tr, dataclasses.replace(cfg, keep_events=True))
     assert summarize(bare) == summarize(kept)
     assert [p.log.counts for p in bare.pods] == [p.log.counts for p in kept.pods]
@@ -174,7 +174,7 @@ def test_a_simulation_that_keeps_no_events_is_the_one_that_keeps_them(name):
 
 @pytest.mark.parametrize("name", ["round-robin", "precise-prefix"])
 def test_a_simulation_without_the_miss_cause_book_decides_and_counts_the_same(name):
-    """``miss_causes=False`` (a sweep's runs): the same routing, hits, evictions,
+    """``miss_causes=False`` (the default; a sweep's runs): the same routing, hits, evictions,
     preemptions and times; only the three causes are not reported, and the report says so."""
     import dataclasses
 
@@ -183,7 +183,7 @@ def test_a_simulation_without_the_miss_cause_book_decides_and_counts_the_same(na
     tr = _families(3, 6, gap=0.002)
     cfg = SimConfig(3, name, SchedulerConfig(max_model_len=128, max_num_batched_tokens=64, max_num_seqs=4),
                     CacheConfig(block_size=BS, num_blocks=12), COST)
-    full, bare = simulate(tr, cfg), simulate(tr, dataclasses.replace(cfg, miss_causes=False))
+    full, bare = simulate(tr, dataclasses.replace(cfg, miss_causes=True)), simulate(tr, cfg)
     assert all(p.kv.misses is None and p.kv.pool._on_cached is None for p in bare.pods)
     a, b = summarize(full), summarize(bare)
     causes = [f"prefix_cache_miss_{c}" for c in ("cold", "evicted", "partial")]
@@ -199,5 +199,6 @@ def test_a_simulation_without_the_miss_cause_book_decides_and_counts_the_same(na
     # every miss counted, as cold: queries = hits + misses still
     c = bare.pods[0].log.counts
     assert c.prefix_cache_miss_cold == c.prefix_cache_queries - c.prefix_cache_hits
-    with pytest.raises(ValueError, match="miss causes"):
-        simulate(tr, dataclasses.replace(cfg, miss_causes=False, keep_events=True))
+    kept = simulate(tr, dataclasses.replace(cfg, keep_events=True))  # events carry the causes
+    assert kept.config.miss_causes and all(p.kv.misses is not None for p in kept.pods)
+    assert summarize(kept)["prefix_cache_miss_evicted"] == summarize(full)["prefix_cache_miss_evicted"]

@@ -147,7 +147,7 @@ def test_an_attached_run_becomes_the_requests_its_block_stored_chains_show(tmp_p
     from engine.events.schema.step import StepRecord
     from engine.events.schema.types import KVBlockStored
     from engine.simulate.cost import StepCost
-    from engine.simulate.report import summarize
+    from engine.simulate.report import MISS_CAUSES_OFF, summarize
     from engine.simulate.simulation import SimConfig, simulate
     from engine.simulate.trace import ATTACHED_NOTE, read_run
     from engine.store.recorder import Recorder
@@ -171,4 +171,4 @@ def test_an_attached_run_becomes_the_requests_its_block_stored_chains_show(tmp_p
     cfg = SimConfig(1, "round-robin", SchedulerConfig(max_model_len=64, max_num_batched_tokens=64),
                     CacheConfig(block_size=bs, num_blocks=32), StepCost(0.01, 0.0, 0.0, 0.0))
     s = summarize(simulate(trace, cfg))
-    assert s["prefix_cache_hits"] == bs and s["notes"] == [ATTACHED_NOTE]
+    assert s["prefix_cache_hits"] == bs and s["notes"] == [ATTACHED_NOTE, MISS_CAUSES_OFF]
