@@ -21,20 +21,28 @@ extension = KERNELS.module  # the compiled kernel; raises KernelUnavailableError
 decode_kernel_enabled = KERNELS.enabled  # on unless KVSCOPE_CPU_DECODE_KERNEL=0, if it builds
 
 
+def _rows_ok(t: torch.Tensor) -> bool:
+    """A float32 CPU tensor whose last two dims (heads, head_dim) are contiguous."""
+    if t.dtype != torch.float32 or not t.is_cpu:  # is_cpu: t.device builds an object
+        return False
+    strides = t.stride()
+    return strides[-1] == 1 and strides[-2] == t.shape[-1]
+
+
+def _caches_ok(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    return (key_cache.dtype == torch.float32 and value_cache.dtype == torch.float32
+            and key_cache.is_contiguous() and value_cache.is_contiguous())
+
+
 def can_run(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
     """The kernel's inputs: float32 CPU tensors, heads contiguous in each query row."""
-    return (query.device.type == "cpu" and query.dtype == torch.float32
-            and query.stride(2) == 1 and query.stride(1) == query.shape[2]
-            and all(c.dtype == torch.float32 and c.is_contiguous() for c in (key_cache, value_cache)))
+    return _rows_ok(query) and _caches_ok(key_cache, value_cache)
 
 
 def can_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
     """``write_kv``'s inputs: float32 CPU rows with contiguous heads, contiguous caches;
     and the kernels on (the same switch as the decode kernel)."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1
-                and t.stride(-2) == t.shape[-1] for t in (key, value))
-            and all(c.dtype == torch.float32 and c.is_contiguous() for c in (key_cache, value_cache))
-            and decode_kernel_enabled())
+    return _rows_ok(key) and _rows_ok(value) and _caches_ok(key_cache, value_cache) and decode_kernel_enabled()
 
 
 def write_kv(key, value, key_cache, value_cache, slots) -> None:

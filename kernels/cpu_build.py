@@ -197,10 +197,17 @@ class DefaultPathKernels:
     def __init__(self, source: str, env_var: str, fallback: str, extra_cflags: tuple[str, ...] = ()) -> None:
         self.source, self.env_var, self.fallback, self.extra_cflags = source, env_var, fallback, extra_cflags
         self.on: bool | None = None
+        self._ext: tuple = (None, None)  # (OPENMP, module) of the last load
 
     def module(self):
-        """The compiled module; raises KernelUnavailableError when it cannot be built."""
-        return load_cpu_extension(self.source, self.extra_cflags)
+        """The compiled module; raises KernelUnavailableError when it cannot be built.
+        Kept here per OpenMP setting: a decode step calls this a few times a layer, and
+        the loader's lookup (a lock, the flags) costs ~0.4 us a call."""
+        if self._ext[1] is not None and self._ext[0] == OPENMP:
+            return self._ext[1]
+        module = load_cpu_extension(self.source, self.extra_cflags)
+        self._ext = (OPENMP, module)
+        return module
 
     def enabled(self) -> bool:
         if self.on is None:

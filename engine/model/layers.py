@@ -148,7 +148,7 @@ class RotaryEmbedding(nn.Module):
         half = sin.shape[-1] // 2
         # rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2), exactly (negation is exact)
         signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        return RopeTables(cos[:, None, :], signed[:, None, :], half)
+        return RopeTables(cos[:, None, :], signed[:, None, :], half, cos, signed)
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -160,18 +160,22 @@ class RotaryEmbedding(nn.Module):
 
 @dataclass(frozen=True, slots=True)
 class RopeTables:
-    """cos and sign-folded sin [T, 1, head_dim] of one step; written by RotaryEmbedding.tables."""
+    """cos and sign-folded sin [T, 1, head_dim] of one step; written by RotaryEmbedding.tables.
+    ``cos_rows`` / ``signed_sin_rows`` are the same tables as [T, head_dim] (the fused op's
+    inputs), kept so that each layer's call does not slice them again."""
 
     cos: torch.Tensor
     signed_sin: torch.Tensor
     half: int
+    cos_rows: torch.Tensor
+    signed_sin_rows: torch.Tensor
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """``RotaryEmbedding.apply(x, cos, sin)``, bitwise, in four ops instead of seven
         (one on a float32 CPU: kernels/cpu_fused.cpp); ``x`` [T, heads, hd] may be a
         strided view (q and k heads of the fused QKV at once)."""
         if x.stride(2) == 1 and x.stride(1) == x.shape[2] and cpu_fused.applies(x, self.cos):
-            return cpu_fused.rope(x, self.cos[:, 0], self.signed_sin[:, 0])
+            return cpu_fused.rope(x, self.cos_rows, self.signed_sin_rows)
         swapped = torch.cat((x[..., self.half:], x[..., :self.half]), dim=-1)
         return x * self.cos + swapped * self.signed_sin
 
