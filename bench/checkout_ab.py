@@ -43,7 +43,8 @@ def child(concurrency: int, requests: int, prompt_len: int, max_tokens: int, thr
     from engine.model.loader import load_model
 
     torch.set_num_threads(threads)
-    loaded = load_model("smollm2-135m")
+    # the weights' format is the load's: an override of it must reach the load, not only the config
+    loaded = load_model("smollm2-135m", **{k: v for k, v in (overrides or {}).items() if k in ("dtype", "quantization")})
     vocab = loaded.spec.vocab_size
     engine = make_engine(loaded, "smollm2-135m", concurrency, 64 * concurrency + 64,
                          **{"block_size": 32, "max_model_len": prompt_len + max_tokens + 64, **(overrides or {})})
