@@ -51,8 +51,11 @@ def test_a_client_asking_for_100_snapshots_without_reading_is_owed_one(make_serv
 
 def test_a_client_past_the_byte_bound_is_closed_and_counted(make_server):
     # The snapshot (~0.7 MB) jams the stalled socket; then its pongs pile up unread.
-    # no frame rate: the pongs must pile up faster than 200 a second (test_frame_rate)
-    server = make_server(engine={"num_kv_blocks": 8192}, max_outbox_bytes=1 << 20, max_frames_per_s=0)
+    # no frame rate: the pongs must pile up faster than 200 a second (test_frame_rate); no
+    # keepalive: the stalled socket answers no ping, so on a slow box the keepalive's timeout
+    # (not the byte bound) closed it first (a fresh-clone CI run, session 17: 111 s, 0 closes)
+    server = make_server(engine={"num_kv_blocks": 8192}, max_outbox_bytes=1 << 20, max_frames_per_s=0,
+                         ping_interval=None)
     with KVScopeClient(server.url, timeout=30) as busy:
         assert metric(server.port, "kvscope_ws_slow_client_closes_total") == 0
         stalled = _stalled_socket(server.url)

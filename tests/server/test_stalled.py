@@ -21,7 +21,10 @@ def _stalled_socket(url: str):
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: sets the window
     sock.connect((u.hostname, u.port))
-    return ws_connect(url, sock=sock, max_queue=1, compression=None, max_size=None, close_timeout=1)
+    # no keepalive of its own: a reader that pauses never sees the server's pongs, and the
+    # client's 20 s ping timeout would close it, not the server
+    return ws_connect(url, sock=sock, max_queue=1, compression=None, max_size=None, close_timeout=1,
+                      ping_interval=None)
 
 
 def _drain(ws) -> list[dict]:
