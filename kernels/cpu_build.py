@@ -36,7 +36,7 @@ from engine import envs
 
 logger = logging.getLogger(__name__)
 
-_loaded: dict[tuple[str, bool], object] = {}  # by (source, OpenMP build)
+_loaded: dict[tuple[str, bool], object] = {}  # by (source, OPENMP): torch's backend is fixed per process
 _lock = threading.Lock()
 _lock_enabled = threading.Lock()
 
@@ -159,9 +159,13 @@ def openmp_flags() -> list[str]:
 def load_cpu_extension(source: str, extra_cflags: tuple[str, ...] = ()):
     """The compiled module of ``kernels/<source>`` (built once per machine and flags).
 
-    Raises KernelUnavailableError, saying why, when it cannot be built."""
+    Raises KernelUnavailableError, saying why, when it cannot be built. Once loaded it is
+    one dict read, without the lock: a decode step asks a few times a layer."""
+    key = (source, OPENMP)  # OPENMP may be flipped at run time (bench/step_ab.py)
+    module = _loaded.get(key)
+    if module is not None:
+        return module
     omp = openmp_flags()
-    key = (source, bool(omp))
     with _lock:
         if key not in _loaded:
             from torch.utils import cpp_extension
@@ -197,17 +201,10 @@ class DefaultPathKernels:
     def __init__(self, source: str, env_var: str, fallback: str, extra_cflags: tuple[str, ...] = ()) -> None:
         self.source, self.env_var, self.fallback, self.extra_cflags = source, env_var, fallback, extra_cflags
         self.on: bool | None = None
-        self._ext: tuple = (None, None)  # (OPENMP, module) of the last load
 
     def module(self):
-        """The compiled module; raises KernelUnavailableError when it cannot be built.
-        Kept here per OpenMP setting: a decode step calls this a few times a layer, and
-        the loader's lookup (a lock, the flags) costs ~0.4 us a call."""
-        if self._ext[1] is not None and self._ext[0] == OPENMP:
-            return self._ext[1]
-        module = load_cpu_extension(self.source, self.extra_cflags)
-        self._ext = (OPENMP, module)
-        return module
+        """The compiled module; raises KernelUnavailableError when it cannot be built."""
+        return load_cpu_extension(self.source, self.extra_cflags)
 
     def enabled(self) -> bool:
         if self.on is None:

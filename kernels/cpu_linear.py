@@ -36,6 +36,7 @@ needs a C++ compiler and ninja; ~30-60 s, then cached in the venv under kvscope-
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -59,22 +60,12 @@ class KernelUnavailableError(cpu_build.KernelUnavailableError):
     """Kept for callers that catch it here: the kernels could not be built."""
 
 
-_ext: tuple = (None, None)  # (cpu_build.OPENMP, module) of the last load
-
-
 def extension():
-    """The compiled kernels (built once per machine, then loaded from the cache). Kept
-    here per OpenMP setting: each decode step calls this ~120 times, and the loader's
-    lookup (a lock, the flags) costs about a microsecond a call."""
-    global _ext
-    if _ext[1] is not None and _ext[0] == cpu_build.OPENMP:
-        return _ext[1]
+    """The compiled kernels (built once per machine, then loaded from the cache)."""
     try:
         # -ffp-contract=off: q * scale + offset stays a multiply then an add, the same
         # two roundings as dequantize_int8
-        module = cpu_build.load_cpu_extension("cpu_linear.cpp", ("-ffp-contract=off",))
-        _ext = (cpu_build.OPENMP, module)
-        return module
+        return cpu_build.load_cpu_extension("cpu_linear.cpp", ("-ffp-contract=off",))
     except cpu_build.KernelUnavailableError as exc:
         raise KernelUnavailableError(
             f"reduced-precision CPU weights need {exc}. Use the default float32 weights instead.") from exc
@@ -260,14 +251,10 @@ class W8A8Weight:
         return F.linear(x, w, bias)
 
 
-_warned: set[str] = set()
-
-
+@functools.cache  # once a process
 def _warn_no_vnni() -> None:
-    if "vnni" not in _warned:
-        _warned.add("vnni")
-        logger.warning("quantization='w8a8' needs AVX512-VNNI, which this CPU lacks: "
-                       "using the int8 format (float32 activations) instead")
+    logger.warning("quantization='w8a8' needs AVX512-VNNI, which this CPU lacks: "
+                   "using the int8 format (float32 activations) instead")
 
 
 WEIGHT_FORMATS = {"int8": Int8Weight, "w8a8": W8A8Weight, "bfloat16": BF16Weight}

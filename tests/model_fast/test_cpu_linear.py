@@ -193,7 +193,7 @@ def test_w8a8_kernel_rejects_bad_inputs(vnni):
 
 def test_w8a8_without_vnni_is_int8(ext, monkeypatch, caplog):
     monkeypatch.setattr(C, "_VNNI", False)
-    monkeypatch.setattr(C, "_warned", set())
+    C._warn_no_vnni.cache_clear()  # warn again in this test
     with caplog.at_level("WARNING", logger="kernels.cpu_linear"):
         w = C.W8A8Weight.from_float(_weight(30, 96))
         C.W8A8Weight.from_float(_weight(30, 96))
