@@ -108,8 +108,9 @@ class KVCacheManager:
     def drop_miss_causes(self) -> None:
         """No miss-cause book from now on (before the first request): the pool's hooks
         are unset and every miss counts as ``cold``; hits, counts and every decision are
-        unchanged. For callers that read only hit rates (a simulator's sweep): the book's
-        per-block bookkeeping is a sixth of a fleet trace's run."""
+        unchanged. For callers that read no causes (``kvscope simulate`` unless asked, and
+        its sweeps): the book's per-block bookkeeping is a quarter to a third of a
+        fleet-scale trace's run (bench/RESULTS.md, Sessions 16-17)."""
         self.misses = None
         self.pool._on_cached = self.pool._on_uncached = None
 
