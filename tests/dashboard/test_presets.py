@@ -74,14 +74,13 @@ def test_settings_from_environment(monkeypatch):
 
 
 def _counter():
-    """The default model's tokenizer when it was cached here, else None (byte bounds)."""
-    import glob
-    import os
-
+    """The default model's tokenizer (its dequantized copy made once, as the engine's
+    first start makes it): the presets are sized with it, as the dashboard sizes them
+    with the served model's. Not left to whether an earlier test happened to cache it."""
     from dashboard.token_text import token_counter_for
+    from engine.model.gguf_cache import default_gguf_path, ensure_dequantized
 
-    files = glob.glob(os.path.expanduser("~/.cache/kvscope/gguf/*/tokenizer.json"))
-    return token_counter_for({"tokenizer_file": files[0]}) if files else None
+    return token_counter_for({"tokenizer_file": str(ensure_dequantized(default_gguf_path()) / "tokenizer.json")})
 
 
 def _fitted(key, config, tokens):
