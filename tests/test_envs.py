@@ -29,6 +29,7 @@ DIRECT_ENV = {
                              "starts; reads VLLM_VENV, setup_vllm.sh's variable",
     "dashboard/server_process.py": "copies the environment for the server it starts",
     "engine/engine_core/client.py": "copies the environment for the core's process it starts",
+    "engine/simulate/prompt_feed.py": "copies the environment for its child, the engine package on PYTHONPATH",
     "engine/openai/snippets.py": "the text of a client snippet, not a read",
     "kernels/cpu_build.py": "puts the venv's ninja on PATH for torch's builder",
 }

@@ -16,20 +16,24 @@ from collections import OrderedDict
 from engine.core.hashing import BlockHasher
 from engine.simulate.trace import MOONCAKE_BLOCK, TracedRequest
 
+MAX_ENTRIES = 1 << 15  # Mooncake blocks remembered (32,768: 1M hashes of 16 tokens)
+
 
 class PromptHashes:
-    def __init__(self, hasher: BlockHasher, block_size: int, max_entries: int = 1 << 15) -> None:
+    def __init__(self, hasher: BlockHasher, block_size: int, max_entries: int = MAX_ENTRIES) -> None:
         self.hasher = hasher
         self.block_size = block_size
         self.max_entries = max_entries
-        # (hash before, id) -> hashes, oldest first (an OrderedDict: a dict's first key, after
-        # many deletions at its front, is found by scanning past their dummies)
-        self._blocks: OrderedDict[tuple[str | None, int], list[str]] = OrderedDict()
+        # (hash before, id) -> (its number, its hashes), oldest first (an OrderedDict: a dict's
+        # first key, after many deletions at its front, is found by scanning past their dummies)
+        self._blocks: OrderedDict[tuple[str | None, int], tuple[int, list[str]]] = OrderedDict()
+        self._numbered = 0  # blocks remembered so far: the next one's number
         self.num_reused = 0  # block hashes taken from the memory rather than hashed
 
-    def __call__(self, tr: TracedRequest, tokens: list[int]) -> tuple[str, ...]:
+    def __call__(self, tr: TracedRequest, tokens: list[int], parts: list | None = None) -> tuple[str, ...]:
         """The hashes of the prompt's full blocks that a lookup may hit (never the block
-        holding the last token)."""
+        holding the last token). ``parts``, when given, gets them as ``SharedBlocks.join``
+        takes them: per Mooncake block, the number of one remembered, or the hashes made."""
         bs = self.block_size
         limit = (len(tokens) - 1) // bs
         if tr.hash_ids is None or MOONCAKE_BLOCK % bs:
@@ -43,13 +47,45 @@ class PromptHashes:
             key = (out[-1] if out else None, hid)
             got = memo.get(key)
             if got is not None:
-                out.extend(got)
-                self.num_reused += len(got)
+                out.extend(got[1])
+                self.num_reused += per
+                if parts is not None:
+                    parts.append(got[0])
                 continue
             start = len(out)
             self.hasher.full_blocks(tokens, bs, out, num_blocks=min(start + per, full), all_int=made)
+            if parts is not None:
+                parts.append(out[start:])
             if len(out) - start == per:  # a whole block (a prompt's cut last one is not kept)
                 if len(memo) >= self.max_entries:
                     memo.popitem(last=False)  # the oldest first
-                memo[key] = out[start:]
+                memo[key] = (self._numbered, out[start:])
+                self._numbered += 1
+        return tuple(out[:limit])
+
+
+class SharedBlocks:
+    """The receiving side of ``PromptHashes(parts=)`` (``engine.simulate.prompt_feed``): the
+    same blocks remembered under the same numbers, forgotten in the same order, so a
+    prompt's remembered blocks are the same string objects as another's, as when the run
+    hashes its prompts itself (a fleet's queued prompts share them: less memory)."""
+
+    def __init__(self, block_size: int, max_entries: int = MAX_ENTRIES) -> None:
+        self.per = MOONCAKE_BLOCK // block_size if MOONCAKE_BLOCK % block_size == 0 else 0
+        self.max_entries = max_entries
+        self._blocks: dict[int, list[str]] = {}
+        self._numbered = 0
+
+    def join(self, parts: list, limit: int) -> tuple[str, ...]:
+        out: list[str] = []
+        blocks = self._blocks
+        for part in parts:
+            if isinstance(part, int):
+                out.extend(blocks[part])
+                continue
+            out.extend(part)
+            if len(part) == self.per:  # remembered by the maker too
+                blocks[self._numbered] = part
+                blocks.pop(self._numbered - self.max_entries, None)
+                self._numbered += 1
         return tuple(out[:limit])

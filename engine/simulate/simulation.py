@@ -29,6 +29,7 @@ from engine.events.metrics.step_metrics import MetricsConfig, MetricsTracker
 from engine.events.schema.step import StepRecord
 from engine.simulate.cost import StepCost
 from engine.simulate.pod import RequestTimes, SimPod
+from engine.simulate.prompt_feed import PromptFeed, worth_a_process
 from engine.simulate.prompt_hashes import PromptHashes
 from engine.simulate.routers import ROUTERS, Routed
 from engine.simulate.trace import Trace, TracedRequest
@@ -170,9 +171,11 @@ class SharedPrompts:
 
 
 def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | None = None,
-             shared: SharedPrompts | None = None) -> SimResult:
+             shared: SharedPrompts | None = None, prompt_process: bool | None = None) -> SimResult:
     """``shared``: the prompts' tokens and hashes, made once for all runs of ``trace``
-    (``SharedPrompts``); without, each request's are made as it arrives."""
+    (``SharedPrompts``); without, each request's are made as it arrives: by a second
+    process ahead of the run (``PromptFeed``) when ``prompt_process`` is True, or when it
+    is None and the trace is large and the box has a second core; else by the run."""
     keep = cfg.keep_events or recorder is not None
     if keep and not cfg.miss_causes:  # a recorded run's events carry the causes
         cfg = replace(cfg, miss_causes=True)
@@ -192,12 +195,16 @@ def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | No
         if cfg.arrivals == "steps":
             _by_steps(trace, pods[0], times, rec)
         else:
-            if shared is not None:
-                prompts = zip(shared.prompts(), shared.hashes_for(cfg.cache))
-            else:
-                prompt_hashes = PromptHashes(get_hasher(cfg.cache.prefix_caching_hash_algo), cfg.cache.block_size)
-                prompts = ((toks, prompt_hashes(tr, toks)) for tr in trace.requests for toks in (tr.tokens(),))
-            _by_times(trace, pods, router, times, rec, prompts)
+            with contextlib.ExitStack() as stack:
+                algo = cfg.cache.prefix_caching_hash_algo
+                if shared is not None:
+                    prompts = zip(shared.prompts(), shared.hashes_for(cfg.cache))
+                elif prompt_process or (prompt_process is None and worth_a_process(trace)):
+                    prompts = iter(stack.enter_context(PromptFeed(trace, cfg.cache.block_size, algo)))
+                else:
+                    prompt_hashes = PromptHashes(get_hasher(algo), cfg.cache.block_size)
+                    prompts = ((toks, prompt_hashes(tr, toks)) for tr in trace.requests for toks in (tr.tokens(),))
+                _by_times(trace, pods, router, times, rec, prompts)
     result = SimResult(cfg, pods, times, trace, list(rec.run_ids.values()) if rec else [])
     if rec is not None:
         rec.finish(result)
