@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"{len(SWEEP_ROUTERS)} routers on --pods pods")
     p.add_argument("--workers", type=int, default=1, help="--sweep: processes running its runs")
     p.add_argument("--prompt-process", choices=("auto", "on", "off"), default="auto",
-                   help="make the prompts and their hashes in a second process (PromptFeed): "
+                   help="make the prompts' hashes in a second process (PromptFeed): "
                    "auto as kvscope simulate (a large trace, a second core)")
     p.add_argument("--miss-causes", action="store_true", help="one run with the miss-cause book, "
                    "as kvscope simulate --miss-causes (a sweep never keeps one)")

@@ -54,12 +54,13 @@ class PromptHashes:
                 continue
             start = len(out)
             self.hasher.full_blocks(tokens, bs, out, num_blocks=min(start + per, full), all_int=made)
+            block = out[start:]
             if parts is not None:
-                parts.append(out[start:])
-            if len(out) - start == per:  # a whole block (a prompt's cut last one is not kept)
+                parts.append(block)
+            if len(block) == per:  # a whole block (a prompt's cut last one is not kept)
                 if len(memo) >= self.max_entries:
                     memo.popitem(last=False)  # the oldest first
-                memo[key] = (self._numbered, out[start:])
+                memo[key] = (self._numbered, block)
                 self._numbered += 1
         return tuple(out[:limit])
 
@@ -71,7 +72,7 @@ class SharedBlocks:
     hashes its prompts itself (a fleet's queued prompts share them: less memory)."""
 
     def __init__(self, block_size: int, max_entries: int = MAX_ENTRIES) -> None:
-        self.per = MOONCAKE_BLOCK // block_size if MOONCAKE_BLOCK % block_size == 0 else 0
+        self.per = MOONCAKE_BLOCK // block_size  # parts come only when it divides 512
         self.max_entries = max_entries
         self._blocks: dict[int, list[str]] = {}
         self._numbered = 0

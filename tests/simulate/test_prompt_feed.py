@@ -1,5 +1,5 @@
-"""The prompt feed: a second process makes each prompt's tokens and hashes, the same ones a
-run makes itself, and a run with it makes every decision the same."""
+"""The prompt feed: a second process makes each prompt's hashes, the same ones a run makes
+itself, and a run with it makes every decision the same."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def _made_here(tr: Trace, block_size: int, algo: str):
 
 @pytest.mark.parametrize("block_size,algo", [(16, "sha256"), (48, "sha256"), (32, "sha256_cbor")])
 def test_the_feed_gives_the_tokens_and_hashes_a_run_makes(block_size, algo):
-    """Mooncake prompts (made from hash ids, sent as uint16) and prompts a trace holds."""
+    """Mooncake prompts (made from hash ids; remembered blocks sent as numbers when the block
+    size divides 512) and prompts a trace holds."""
     moon = read_mooncake(SHIPPED)
     moon = dataclasses.replace(moon, requests=moon.requests[:60])
     held = trace([request(f"r{i}", i * 0.1, system(i % 3, 5) + [7, 8, 9 + i]) for i in range(12)])
@@ -94,7 +95,7 @@ def test_the_parent_remembers_the_child_s_blocks_under_the_same_numbers(block_si
         assert joined == made
         kept.append(joined)
         for h in joined:
-            same += first.setdefault(h, h) is h and first[h] is not None
+            same += first.setdefault(h, h) is h
     if block_size != 48:
         assert maker._numbered == taker._numbered > 64 and len(taker._blocks) == 64
         assert maker.num_reused > 1000 and same > len(first) + 1000  # seen again, the same object
