@@ -42,6 +42,9 @@ class Block:
         return f"Block({self.id}, ref={self.ref_count}, hash={(self.hash or '-')[:8]})"
 
 
+_UNWATCHED: frozenset = frozenset()  # BlockPool.watched when no lookup is remembered
+
+
 class FreeBlockQueue:
     """Doubly linked list of free blocks: O(1) push at either end, pop, and remove."""
 
@@ -107,6 +110,14 @@ class BlockPool:
         self._on_uncached = on_uncached  # called while the blocks still hold them
         self.stored: list[str] | None = None  # hashes cached, in order, when a list is set
         self.removed: list[str] | None = None  # hashes dropped, in order, when a list is set
+        # blocks a remembered lookup relies on (``KVCacheManager``'s failed admission): a
+        # change to any of them that could change that lookup (its hash dropped, its ref
+        # count to or from 0) replaces the set, so the manager knows its memory is stale
+        self.watched: set[Block] = _UNWATCHED
+        # a cached block keeps its tokens (snapshots, events and the miss-cause book read
+        # them); off where none of those is (a simulated pod without events or book:
+        # 16-tuples for millions of blocks, made only to be dropped)
+        self.keep_tokens = True
 
     @property
     def num_free(self) -> int:
@@ -145,6 +156,8 @@ class BlockPool:
         head.next, b.prev = b, head
         q._len -= n
         if evicted:  # uncache(b, REUSE) for each, in order, the hooks called once
+            if self.watched and not self.watched.isdisjoint(evicted):
+                self.watched = _UNWATCHED
             cached = self.cached
             for b in evicted:
                 del cached[b.hash]
@@ -163,6 +176,8 @@ class BlockPool:
         if b.ref_count == 0:
             self.free_queue.remove(b)
             self.num_cached_free -= b.hash is not None
+            if b in self.watched:
+                self.watched = _UNWATCHED
         b.ref_count += 1
 
     def release(self, b: Block, request_id: str) -> None:
@@ -177,6 +192,8 @@ class BlockPool:
             else:
                 self.free_queue.append(b)
                 self.num_cached_free += 1
+                if b in self.watched:
+                    self.watched = _UNWATCHED
 
     def release_all(self, blocks: list[Block], request_id: str) -> None:
         """``release`` each of ``blocks`` in order (a table, tail first)."""
@@ -200,6 +217,8 @@ class BlockPool:
                     before.next = tail.prev = b
                     self.num_cached_free += 1
                 q._len += 1
+        if self.watched and not self.watched.isdisjoint(blocks):  # (a count still above 0 too)
+            self.watched = _UNWATCHED
 
     def move_reference(self, b: Block) -> None:
         """A copy-on-write moved one reference from shared ``b`` to a fresh copy. ``b``
@@ -239,11 +258,13 @@ class BlockPool:
             return out
         cached = self.cached
         newly_free = 0
+        keep = self.keep_tokens
         for i in range(start, end):
             b, h = table[i], hashes[i]
             if b.hash is None and h not in cached:  # cache(b, h, ...), inline; hooks below
                 b.hash, b.parent_hash = h, parent
-                b.token_ids = tuple(token_ids[i * block_size:(i + 1) * block_size])
+                if keep:
+                    b.token_ids = tuple(token_ids[i * block_size:(i + 1) * block_size])
                 cached[h] = b
                 newly_free += b.ref_count == 0
                 out.append(b)
@@ -260,6 +281,8 @@ class BlockPool:
         """Drop a block's hash (``reason``: reuse, reset or rollback); it keeps its place."""
         assert b.hash is not None
         del self.cached[b.hash]
+        if b in self.watched:
+            self.watched = _UNWATCHED
         self.num_cached_free -= b.ref_count == 0
         if self._on_uncached is not None:
             self._on_uncached((b,))

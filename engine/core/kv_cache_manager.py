@@ -13,7 +13,7 @@ from functools import partial
 from itertools import islice, takewhile
 from operator import attrgetter, is_not
 
-from engine.core.block_pool import Block, BlockPool
+from engine.core.block_pool import _UNWATCHED, Block, BlockPool
 from engine.core.config import CacheConfig
 from engine.core.event_log import EventLog
 from engine.core.hashing import get_hasher
@@ -47,6 +47,7 @@ class PrefixMatch:
     resumed: bool = False
     classified: bool = True
     hashes: list[str] | None = None  # the lookup's block hashes, while not classified
+    num_free_hits: int = -1  # hit blocks no request holds (they take free blocks); -1: not counted yet
 
 
 class KVCacheManager:
@@ -68,6 +69,9 @@ class KVCacheManager:
         self.cow_pairs: list[tuple[int, int]] = []
         self._ids: dict[str, list[int]] = {}  # block_ids' lists, dropped when a table changes
         self.cached_this_step: list[Block] = []  # hashed at schedule, K/V not yet computed
+        # the last admission that did not fit, its match still true while the pool's
+        # ``watched`` is its blocks (``lookup`` then reads only what may have been added)
+        self._unfit: tuple[Request, PrefixMatch, set[Block]] | None = None
 
     def give_block_hashes(self, request_id: str, hashes: list[str]) -> None:
         """The chained hashes of a new request's first full blocks, computed by a caller
@@ -88,9 +92,26 @@ class KVCacheManager:
             return PrefixMatch(num_query_tokens=n, miss_disabled=n, resumed=resumed)
         hashes = self.hasher.full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
         max_blocks = (n - 1) // bs  # the last token's logits are needed
-        # the head run of hits, in C: map stops being read at the first miss
-        hit = list(takewhile(_is_block, map(self.pool.cached.get, islice(hashes, max_blocks))))
-        m = PrefixMatch(hit, len(hit) * bs, n, resumed=resumed, classified=False, hashes=hashes)
+        cached = self.pool.cached
+        unfit = self._unfit
+        if unfit is not None and unfit[0] is req and unfit[2] is self.pool.watched \
+                and unfit[1].num_query_tokens == n:
+            # the head of line again, none of its hits changed since (a waiting request's
+            # admission is retried every step; its hit run may be hundreds of blocks): only
+            # blocks cached since can lengthen the run
+            old = unfit[1]
+            hit, free_hits = old.blocks, old.num_free_hits
+            more = list(takewhile(_is_block, map(cached.get, islice(hashes, len(hit), max_blocks))))
+            if more:
+                hit = hit + more
+                free_hits += list(map(_ref_count, more)).count(0)
+                unfit[2].update(more)
+            m = PrefixMatch(hit, len(hit) * bs, n, resumed=resumed, classified=False, hashes=hashes,
+                            num_free_hits=free_hits)
+        else:
+            # the head run of hits, in C: map stops being read at the first miss
+            hit = list(takewhile(_is_block, map(cached.get, islice(hashes, max_blocks))))
+            m = PrefixMatch(hit, len(hit) * bs, n, resumed=resumed, classified=False, hashes=hashes)
         if classify:
             self._classify(req, m)
         return m
@@ -124,7 +145,9 @@ class KVCacheManager:
         needed = 0
         if match is not None and match.blocks:
             computed, have = match.num_tokens, len(match.blocks)
-            needed += list(map(_ref_count, match.blocks)).count(0)  # free hits, counted in C
+            if match.num_free_hits < 0:
+                match.num_free_hits = list(map(_ref_count, match.blocks)).count(0)  # in C
+            needed += match.num_free_hits
         total = -(-(computed + num_new_tokens) // self.block_size)
         needed += max(0, total - have)
         if self._needs_cow(table, computed):
@@ -143,8 +166,17 @@ class KVCacheManager:
         """
         if match is None:
             return self.extend_slots(req, num_new_tokens)
-        if self.blocks_needed(req, num_new_tokens, match) > self.pool.num_free:
+        pool = self.pool
+        if self.blocks_needed(req, num_new_tokens, match) > pool.num_free:
+            # remember it for the next lookup (see there): its hits watched from now on,
+            # unless this match came from the memory and they are watched already
+            unfit = self._unfit
+            watched = unfit[2] if unfit is not None and unfit[0] is req and unfit[2] is pool.watched \
+                else set(match.blocks)
+            self._unfit, pool.watched = (req, match, watched), watched
             return False
+        if self._unfit is not None:
+            self._unfit, pool.watched = None, _UNWATCHED
         rid, step = req.request_id, self.log.step
         table = self.tables.setdefault(rid, [])
         before = len(table)
