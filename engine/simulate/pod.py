@@ -27,7 +27,7 @@ from engine.core.event_log import EventLog
 from engine.core.scheduler_output import SchedulerOutput
 from engine.simulate.cost import StepCost
 from engine.simulate.routers.base import consecutive
-from engine.simulate.trace import TracedRequest, placeholder_tokens
+from engine.simulate.trace import SYNTHETIC_VOCAB, TracedRequest, placeholder_array, placeholder_tokens
 
 ENDED_OUTSIDE = ("stop_string", "abort")  # trace finishes the engine made from outside the core
 _SAMPLED: dict[int, SampledToken] = {}  # one (immutable) SampledToken per token id, shared
@@ -225,12 +225,27 @@ class SimPod:
         return stored, removed
 
 
+_BY_ID = None  # _SAMPLED's SampledToken of each synthetic token id, as an object array
+
+
+def _placeholder_samples():
+    global _BY_ID
+    if _BY_ID is None:
+        import numpy as np
+
+        _BY_ID = np.array([_SAMPLED.setdefault(t, SampledToken(t)) for t in range(SYNTHETIC_VOCAB)],
+                          dtype=object)
+    return _BY_ID
+
+
 def _samples(tr: TracedRequest, index: int) -> Iterator[SampledToken]:
     """What the runner samples for the request at each output position: the trace's recorded
     tokens, then placeholders, as many as it can sample (its output length, +1: an
     abort's). One shared SampledToken per token id."""
     toks = tr.output_token_ids or []
     n = tr.output_length + 1
+    if not toks:  # placeholders only (a Mooncake or JSONL trace): picked in numpy
+        return iter(_placeholder_samples()[placeholder_array(index, 0, n)].tolist())
     ids = list(toks[:n])
     if len(ids) < n:
         ids += placeholder_tokens(index, len(ids), n)

@@ -185,8 +185,11 @@ def simulate(trace: Trace, cfg: SimConfig, recorder: Any = None, label: str | No
         pods = [SimPod(k, cfg.sched, cfg.cache, cfg.cost, keep_events=keep and cfg.recorded(k))
                 for k in range(cfg.num_pods)]
         for p in pods:
-            if not cfg.miss_causes:
+            if not cfg.miss_causes:  # (then no pod keeps events either)
                 p.kv.drop_miss_causes()
+                # a cached block's tokens: read only by the book, events and snapshots (a
+                # pod takes none): not kept, rather than 16-tuples made for millions of blocks
+                p.kv.pool.keep_tokens = False
         for p in pods:
             p.fleet = pods
         rec = _Recording(recorder, cfg, pods, trace, label) if recorder is not None else None

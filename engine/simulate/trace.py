@@ -142,10 +142,15 @@ def placeholder_token(request_index: int, position: int) -> int:
 
 def placeholder_tokens(request_index: int, start: int, stop: int) -> list[int]:
     """``placeholder_token(request_index, k)`` for k in [start, stop), all at once."""
+    return placeholder_array(request_index, start, stop).tolist()
+
+
+def placeholder_array(request_index: int, start: int, stop: int):
+    """``placeholder_tokens`` as a numpy array (of intp: an index)."""
     import numpy as np
 
     a = np.array([~request_index & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
-    return _synthetic_np(a, np.arange(start, stop, dtype=np.uint64)).tolist()
+    return _synthetic_np(a, np.arange(start, stop, dtype=np.uint64)).astype(np.intp)
 
 
 # ---- readers --------------------------------------------------------------------------

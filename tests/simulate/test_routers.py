@@ -202,3 +202,26 @@ def test_a_simulation_without_the_miss_cause_book_decides_and_counts_the_same(na
     kept = simulate(tr, dataclasses.replace(cfg, keep_events=True))  # events carry the causes
     assert kept.config.miss_causes and all(p.kv.misses is not None for p in kept.pods)
     assert summarize(kept)["prefix_cache_miss_evicted"] == summarize(full)["prefix_cache_miss_evicted"]
+
+
+def test_a_pod_that_keeps_no_events_keeps_no_block_tokens_and_decides_the_same():
+    """Nothing reads a cached block's tokens in a pod without events (no snapshot, no
+    event): the pool does not keep them (``BlockPool.keep_tokens``), and every decision
+    and count is what a pod that keeps them makes."""
+    from dataclasses import replace
+
+    from engine.simulate.report import summarize
+
+    tr = trace([request(f"r{i}", 0.01 * i, system(i % 3) + [7 + i] * (2 * BS + i % 5), out=20)
+                for i in range(60)])
+    base = run(tr, 2, "round-robin", num_blocks=64)
+    kept = simulate(tr, replace(base.config, keep_events=True))
+    keys = ("prefix_cache_hit_rate", "prefix_cache_hits", "num_blocks_evicted", "num_preemptions", "ttft_s")
+    assert [summarize(base)[k] for k in keys] == [summarize(kept)[k] for k in keys]
+    assert [(t.pod, t.num_cached_tokens, t.first_token, t.finished) for t in base.requests] == \
+        [(t.pod, t.num_cached_tokens, t.first_token, t.finished) for t in kept.requests]
+    for a, b in zip(base.pods, kept.pods):
+        assert a.log.counts.num_evictions == b.log.counts.num_evictions > 0
+        assert {h: blk.id for h, blk in a.kv.pool.cached.items()} == {h: blk.id for h, blk in b.kv.pool.cached.items()}
+        assert all(blk.token_ids is None for blk in a.kv.pool.cached.values())
+        assert all(len(blk.token_ids) == BS for blk in b.kv.pool.cached.values())

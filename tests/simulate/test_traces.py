@@ -64,6 +64,23 @@ def test_placeholder_samples_are_the_scalar_rule_and_no_two_requests_share_them(
     assert placeholder_tokens(0, 0, 32) != placeholder_tokens(1, 0, 32)
 
 
+def test_a_pod_samples_the_trace_s_tokens_then_placeholders_one_object_per_token_id():
+    """What a simulated pod samples (``pod._samples``): a Mooncake request's placeholders
+    (picked from a table in numpy) and an engine trace's recorded tokens then placeholders
+    (per token), its output length + 1 of them, the same SampledToken for the same id."""
+    from engine.simulate.pod import _SAMPLED, _samples
+    from engine.simulate.trace import TracedRequest
+
+    moon = TracedRequest("m", 0.0, None, 5, hash_ids=(1,), num_prompt_tokens=20)
+    got = list(_samples(moon, 42))
+    assert [s.token_id for s in got] == placeholder_tokens(42, 0, 6)
+    assert all(s is _SAMPLED[s.token_id] for s in got)
+    recorded = TracedRequest("e", 0.0, (1, 2, 3), 4, output_token_ids=(7, 8, 40_000))
+    got = list(_samples(recorded, 3))
+    assert [s.token_id for s in got] == [7, 8, 40_000] + placeholder_tokens(3, 3, 5)
+    assert all(s is _SAMPLED[s.token_id] for s in got)
+
+
 def test_mooncake_partial_last_block_is_the_start_of_that_id_s_block():
     assert mooncake_tokens([5, 6], 600)[512:] == mooncake_tokens([6], 512)[:88]
 
