@@ -28,7 +28,11 @@ def _core_children() -> list[int]:
     """This process's children that run an engine core (any thread may have started one)."""
     out = []
     for task in os.listdir("/proc/self/task"):
-        for pid in open(f"/proc/self/task/{task}/children").read().split():
+        try:
+            children = open(f"/proc/self/task/{task}/children").read().split()
+        except OSError:  # the thread ended meanwhile (its children passed to another thread)
+            continue
+        for pid in children:
             try:
                 cmd = open(f"/proc/{pid}/cmdline").read()
             except OSError:  # gone meanwhile
