@@ -93,9 +93,8 @@ class KVCacheManager:
         hashes = self.hasher.full_blocks(req.token_ids, bs, self.hashes.setdefault(req.request_id, []))
         max_blocks = (n - 1) // bs  # the last token's logits are needed
         cached = self.pool.cached
-        unfit = self._unfit
-        if unfit is not None and unfit[0] is req and unfit[2] is self.pool.watched \
-                and unfit[1].num_query_tokens == n:
+        unfit = self._remembered(req, n)
+        if unfit is not None:
             # the head of line again, none of its hits changed since (a waiting request's
             # admission is retried every step; its hit run may be hundreds of blocks): only
             # blocks cached since can lengthen the run
@@ -115,6 +114,14 @@ class KVCacheManager:
         if classify:
             self._classify(req, m)
         return m
+
+    def _remembered(self, req: Request, num_tokens: int) -> tuple[Request, PrefixMatch, set[Block]] | None:
+        """The admission of ``req`` that did not fit, at this length, if none of its hit
+        blocks changed since (the pool still watches the set made for it)."""
+        u = self._unfit
+        if u is not None and u[0] is req and u[2] is self.pool.watched and u[1].num_query_tokens == num_tokens:
+            return u
+        return None
 
     def _classify(self, req: Request, m: PrefixMatch) -> None:
         """Fill in ``m``'s miss causes (the pool as it was at the lookup: nothing between).
@@ -170,9 +177,8 @@ class KVCacheManager:
         if self.blocks_needed(req, num_new_tokens, match) > pool.num_free:
             # remember it for the next lookup (see there): its hits watched from now on,
             # unless this match came from the memory and they are watched already
-            unfit = self._unfit
-            watched = unfit[2] if unfit is not None and unfit[0] is req and unfit[2] is pool.watched \
-                else set(match.blocks)
+            unfit = self._remembered(req, match.num_query_tokens)
+            watched = unfit[2] if unfit is not None else set(match.blocks)
             self._unfit, pool.watched = (req, match, watched), watched
             return False
         if self._unfit is not None:

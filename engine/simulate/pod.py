@@ -27,7 +27,7 @@ from engine.core.event_log import EventLog
 from engine.core.scheduler_output import SchedulerOutput
 from engine.simulate.cost import StepCost
 from engine.simulate.routers.base import consecutive
-from engine.simulate.trace import SYNTHETIC_VOCAB, TracedRequest, placeholder_array, placeholder_tokens
+from engine.simulate.trace import SYNTHETIC_VOCAB, TracedRequest, placeholder_array
 
 ENDED_OUTSIDE = ("stop_string", "abort")  # trace finishes the engine made from outside the core
 _SAMPLED: dict[int, SampledToken] = {}  # one (immutable) SampledToken per token id, shared
@@ -242,13 +242,10 @@ def _samples(tr: TracedRequest, index: int) -> Iterator[SampledToken]:
     """What the runner samples for the request at each output position: the trace's recorded
     tokens, then placeholders, as many as it can sample (its output length, +1: an
     abort's). One shared SampledToken per token id."""
-    toks = tr.output_token_ids or []
-    n = tr.output_length + 1
-    if not toks:  # placeholders only (a Mooncake or JSONL trace): picked in numpy
-        return iter(_placeholder_samples()[placeholder_array(index, 0, n)].tolist())
-    ids = list(toks[:n])
-    if len(ids) < n:
-        ids += placeholder_tokens(index, len(ids), n)
-    for tok in set(ids).difference(_SAMPLED):  # ids never sampled before (rare)
+    ids = list((tr.output_token_ids or ())[:tr.output_length + 1])
+    for tok in set(ids).difference(_SAMPLED):  # recorded ids never sampled before (rare)
         _SAMPLED[tok] = SampledToken(tok)
-    return iter(list(map(_SAMPLED.__getitem__, ids)))
+    out = list(map(_SAMPLED.__getitem__, ids))
+    if len(out) <= tr.output_length:  # the placeholders after them, picked in numpy
+        out += _placeholder_samples()[placeholder_array(index, len(out), tr.output_length + 1)].tolist()
+    return iter(out)
