@@ -51,10 +51,14 @@ class FreeBlockQueue:
     def __init__(self, blocks: list[Block]) -> None:
         self._head = Block(-1)  # sentinels
         self._tail = Block(-2)
-        self._head.next, self._tail.prev = self._tail, self._head
         self._len = 0
-        for b in blocks:
-            self.append(b)
+        prev = self._head
+        for b in blocks:  # append each, linked here (a pool's blocks are up to millions)
+            assert b.prev is None and b.next is None, f"{b} is already in the free queue"
+            b.prev = prev
+            prev.next = prev = b
+        prev.next, self._tail.prev = self._tail, prev
+        self._len = len(blocks)
 
     def __len__(self) -> int:
         return self._len
@@ -114,9 +118,9 @@ class BlockPool:
         # change to any of them that could change that lookup (its hash dropped, its ref
         # count to or from 0) replaces the set, so the manager knows its memory is stale
         self.watched: set[Block] = _UNWATCHED
-        # a cached block keeps its tokens (snapshots, events and the miss-cause book read
-        # them); off where none of those is (a simulated pod without events or book:
-        # 16-tuples for millions of blocks, made only to be dropped)
+        # a cached block keeps its tokens and its parent's hash (snapshots, events and the
+        # miss-cause book read them); off where none of those is (a simulated pod without
+        # events or book: 16-tuples for millions of blocks, made only to be dropped)
         self.keep_tokens = True
 
     @property
@@ -248,8 +252,8 @@ class BlockPool:
         """``cache`` blocks ``table[start:end]``: block i with ``hashes[i]`` (its parent
         ``hashes[i - 1]``) and its tokens. Returns the blocks that got their hash."""
         out: list[Block] = []
-        parent = hashes[start - 1] if start else None
         if self.log.enabled:
+            parent = hashes[start - 1] if start else None
             for i in range(start, end):
                 b, h = table[i], hashes[i]
                 if self.cache(b, h, parent, tuple(token_ids[i * block_size:(i + 1) * block_size])):
@@ -259,16 +263,16 @@ class BlockPool:
         cached = self.cached
         newly_free = 0
         keep = self.keep_tokens
+        add = cached.setdefault  # one probe: a hash another block holds stays with it
         for i in range(start, end):
             b, h = table[i], hashes[i]
-            if b.hash is None and h not in cached:  # cache(b, h, ...), inline; hooks below
-                b.hash, b.parent_hash = h, parent
+            if b.hash is None and add(h, b) is b:  # cache(b, h, ...), inline; hooks below
+                b.hash = h
                 if keep:
+                    b.parent_hash = hashes[i - 1] if i else None
                     b.token_ids = tuple(token_ids[i * block_size:(i + 1) * block_size])
-                cached[h] = b
                 newly_free += b.ref_count == 0
                 out.append(b)
-            parent = h
         self.num_cached_free += newly_free
         if out:
             if self._on_cached is not None:

@@ -1,7 +1,7 @@
 """A request's lifecycle and token bookkeeping (plain Python).
 
-Writer: the Scheduler owns status, counters and the token lists (it appends sampled
-tokens through ``append_output_token``, the only mutator); the KVCacheManager owns
+Writer: the Scheduler owns status, counters and the token lists (``update_from_output``
+appends each sampled token: the only place ``token_ids`` grows); the KVCacheManager owns
 the request's block table (kept in the manager, not here). Everyone else reads.
 """
 
@@ -58,10 +58,6 @@ class Request:
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
-
-    def append_output_token(self, token_id: int) -> None:
-        """Add one sampled token (the Scheduler's call; the only way tokens grow)."""
-        self.token_ids.append(token_id)
 
     @property
     def num_tokens(self) -> int:

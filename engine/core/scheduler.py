@@ -33,6 +33,7 @@ import bisect
 import time
 from collections import deque
 from collections.abc import Iterator
+from operator import attrgetter
 
 from engine.core.config import CacheConfig, SchedulerConfig, check_capacity, check_prompt_length
 from engine.core.core_step import CoreStep, EngineCoreOutput
@@ -53,6 +54,8 @@ from engine.events.schema.types import (
 )
 
 
+_PHASE, _TOKENS = attrgetter("phase"), attrgetter("token_ids")
+_DECODE, _PREFILL = ScheduledPhase.DECODE, ScheduledPhase.PREFILL
 _NO_RUNNER: list[int] = []  # block_table and slot_mapping without a runner (never written)
 
 
@@ -219,6 +222,11 @@ class Scheduler:
             if shares is not None:
                 shares.spend(req.client, n)
 
+        if not self.log.enabled:  # the request_scheduled counts of the step, none built
+            decode = list(map(_PHASE, scheduled)).count(_DECODE)  # a token each
+            counts = self.log.counts
+            counts.count_scheduled(_DECODE, decode)
+            counts.count_scheduled(_PREFILL, sum(map(len, map(_TOKENS, scheduled))) - decode)
         finished, self._finished_ids = self._finished_ids, []
         return SchedulerOutput(self.log.step, scheduled, self.kv.take_cow_pairs(), rebalanced + preempted,
                                self.config.max_num_batched_tokens, self._new, finished, time.time())
@@ -227,33 +235,33 @@ class Scheduler:
         start = req.num_computed_tokens
         end = start + n
         tokens = req.token_ids
+        rid, params = req.request_id, req.params
         sample_ids: tuple[str, ...] = ()
-        decode = False
+        phase = _PREFILL
         if end == len(tokens):
-            decode = n == 1 and end > len(req.prompt_token_ids)  # one token past the prompt
-            sample_ids = (req.request_id,)
-            if req.params.n > 1 and not req.forked:  # the fork point: children sample too
-                for k in range(1, req.params.n):
-                    cid = child_request_id(req.request_id, k)
-                    self._new.append(NewRequestData(cid, req.params, req.child_seed(k)))
+            sample_ids = (rid,)
+            if n == 1 and end > len(req.prompt_token_ids):  # one token past the prompt
+                phase = _DECODE
+            if params.n > 1 and not req.forked:  # the fork point: children sample too
+                for k in range(1, params.n):
+                    cid = child_request_id(rid, k)
+                    self._new.append(NewRequestData(cid, params, req.child_seed(k)))
                     sample_ids += (cid,)
-        phase = ScheduledPhase.DECODE if decode else ScheduledPhase.PREFILL
         log = self.log
-        if log.enabled:
-            log.add(RequestScheduled(log.step, req.request_id, n, phase, start))
-        else:
-            log.counts.count_scheduled(phase, n)
+        if log.enabled:  # (else ``schedule`` counts the step's entries at once)
+            log.add(RequestScheduled(log.step, rid, n, phase, start))
         # prompt logprobs: position p's logits score prompt token p + 1; sample 0 reports
         # them (the user's request; its samples share its prompt), each position once
-        first, targets = max(start, req.num_prompt_logprobs), ()
-        if req.params.prompt_logprobs is not None and req.sample_index == 0:
+        first, targets = req.num_prompt_logprobs, ()
+        if first < start:
+            first = start
+        if params.prompt_logprobs is not None and req.sample_index == 0:
             targets = tuple(req.prompt_token_ids[first + 1:min(end, req.num_prompt_tokens - 1) + 1])
         if self.for_engine:
-            table, slots = self.kv.block_ids(req.request_id), self.kv.slot_mapping(req, start, end)
+            table, slots = self.kv.block_ids(rid), self.kv.slot_mapping(req, start, end)
         else:
             table = slots = _NO_RUNNER
-        return ScheduledRequest(req.request_id, tokens[start:end], start, table, slots,
-                                sample_ids, phase, targets, first)
+        return ScheduledRequest(rid, tokens[start:end], start, table, slots, sample_ids, phase, targets, first)
 
     # ---- the order requests are served in (SchedulerConfig.policy) ----------
 
@@ -341,7 +349,7 @@ class Scheduler:
                 if build:
                     outputs.append(self._core_output(req, None, plp))
                 continue
-            samples = [req]
+            samples = (req,) if len(sample_ids) == 1 else [req]
             if len(sample_ids) > 1:
                 req.forked = True
                 for k, cid in enumerate(sample_ids[1:], start=1):
@@ -354,7 +362,7 @@ class Scheduler:
             for r in samples:
                 tok = sampled[r.request_id]
                 tid = tok.token_id
-                r.append_output_token(tid)
+                r.token_ids.append(tid)  # (the only place a request's tokens grow)
                 if keep:
                     self._progress(step, r, (tid,))
                 else:

@@ -31,7 +31,7 @@ from engine.simulate.trace import SYNTHETIC_VOCAB, TracedRequest, placeholder_ar
 
 ENDED_OUTSIDE = ("stop_string", "abort")  # trace finishes the engine made from outside the core
 _SAMPLED: dict[int, SampledToken] = {}  # one (immutable) SampledToken per token id, shared
-_SAMPLE_IDS, _SAMPLES = attrgetter("sample_ids"), attrgetter("samples")
+_SAMPLE_IDS = attrgetter("sample_ids")
 
 
 @dataclass(slots=True)
@@ -56,7 +56,6 @@ class _Live:
     times: RequestTimes
     request: Request
     block_hashes: tuple[str, ...]  # what a lookup may hit, for the reachable figure
-    samples: Iterator[SampledToken]  # what it samples next, at each output position
 
 
 class SimPod:
@@ -71,6 +70,7 @@ class SimPod:
         self.in_flight: SchedulerOutput | None = None
         self.pending: list[tuple[TracedRequest, int, RequestTimes, list[int]]] = []  # arrived mid-step
         self.live: dict[str, _Live] = {}
+        self._samples: dict[str, Iterator[SampledToken]] = {}  # what each live request samples next
         self.num_steps = 0
         self._num_stored_taken = 0  # blocks stored in the feed already taken
         self.stored: list[str] = []  # the KV event feed of the step in flight
@@ -135,7 +135,8 @@ class SimPod:
         if block_hashes:  # the router hashed them already
             self.kv.give_block_hashes(req.request_id, block_hashes)
         times.num_prompt_tokens = len(tokens)
-        live = self.live[tr.request_id] = _Live(tr, times, req, block_hashes, _samples(tr, index))
+        live = self.live[tr.request_id] = _Live(tr, times, req, block_hashes)
+        self._samples[tr.request_id] = _samples(tr, index)
         self._no_token[tr.request_id] = times
         if tr.finish in ENDED_OUTSIDE:
             self.ending_outside[tr.request_id] = live
@@ -153,6 +154,7 @@ class SimPod:
 
     def _finished(self, request_id: str) -> None:
         live = self.live.pop(request_id)
+        del self._samples[request_id]
         self.ending_outside.pop(request_id, None)
         self._no_token.pop(request_id, None)
         t = live.times
@@ -197,7 +199,7 @@ class SimPod:
         its own iterator (one sample per step it samples in, nothing else appends to it)."""
         out, self.in_flight = self.in_flight, None
         sids = list(chain.from_iterable(map(_SAMPLE_IDS, out.scheduled)))
-        sampled = dict(zip(sids, map(next, map(_SAMPLES, map(self.live.__getitem__, sids)))))
+        sampled = dict(zip(sids, map(next, map(self._samples.__getitem__, sids))))
         if len(sampled) != len(sids):
             raise RuntimeError("a request sampled past its trace's output (or twice in a step)")
         requests = self.scheduler.requests
