@@ -162,13 +162,12 @@ class BlockPool:
         if evicted:  # uncache(b, REUSE) for each, in order, the hooks called once
             if self.watched and not self.watched.isdisjoint(evicted):
                 self.watched = _UNWATCHED
-            cached = self.cached
-            for b in evicted:
-                del cached[b.hash]
+            hashes = [b.hash for b in evicted]
+            list(map(self.cached.pop, hashes))  # del cached[h] each, in C
             if self._on_uncached is not None:
                 self._on_uncached(evicted)
             if self.removed is not None:
-                self.removed.extend([b.hash for b in evicted])
+                self.removed.extend(hashes)
             for b in evicted:
                 b.hash = b.parent_hash = b.token_ids = None
             self.num_cached_free -= len(evicted)

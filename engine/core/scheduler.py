@@ -168,9 +168,11 @@ class Scheduler:
         i = 0
         while i < len(order) and budget > 0:
             req = order[i]
-            n = min(len(req.token_ids) - req.num_computed_tokens, budget)
-            if thr:
-                n = min(n, thr)
+            n = len(req.token_ids) - req.num_computed_tokens
+            if n > budget:
+                n = budget
+            if thr and n > thr:
+                n = thr
             assert n > 0, f"running request {req.request_id} has nothing to compute"
             if shares is not None:
                 if not shares.open(req.client):
