@@ -391,13 +391,12 @@ class Scheduler:
 
     def _check_stop(self, req: Request, tok: int) -> bool:
         p = req.params
-        out_len = len(req.token_ids) - len(req.prompt_token_ids)
-        if out_len >= p.min_tokens:
-            if (not p.ignore_eos and tok in req.eos_token_ids) or tok in p.stop_token_ids:
-                req.status, req.stop_token = RequestStatus.FINISHED_STOPPED, tok
-                return True
-        if (p.max_tokens is not None and out_len >= p.max_tokens) or \
-                len(req.token_ids) >= self.config.max_model_len:
+        n = len(req.token_ids)
+        out_len = n - len(req.prompt_token_ids)
+        if out_len >= p.min_tokens and (tok in p.stop_token_ids or (not p.ignore_eos and tok in req.eos_token_ids)):
+            req.status, req.stop_token = RequestStatus.FINISHED_STOPPED, tok
+            return True
+        if n >= self.config.max_model_len or (p.max_tokens is not None and out_len >= p.max_tokens):
             req.status = RequestStatus.FINISHED_LENGTH
             return True
         return False

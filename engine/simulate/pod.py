@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter
 
 from engine.core import (
@@ -27,7 +27,7 @@ from engine.core.event_log import EventLog
 from engine.core.scheduler_output import SchedulerOutput
 from engine.simulate.cost import StepCost
 from engine.simulate.routers.base import consecutive
-from engine.simulate.trace import SYNTHETIC_VOCAB, TracedRequest, placeholder_array
+from engine.simulate.trace import TracedRequest, placeholder_token
 
 ENDED_OUTSIDE = ("stop_string", "abort")  # trace finishes the engine made from outside the core
 _SAMPLED: dict[int, SampledToken] = {}  # one (immutable) SampledToken per token id, shared
@@ -70,7 +70,11 @@ class SimPod:
         self.in_flight: SchedulerOutput | None = None
         self.pending: list[tuple[TracedRequest, int, RequestTimes, list[int]]] = []  # arrived mid-step
         self.live: dict[str, _Live] = {}
-        self._samples: dict[str, Iterator[SampledToken]] = {}  # what each live request samples next
+        # the runner's samples (``ModelRunnerOutput.sampled``, one dict kept from step to
+        # step): each live request's next sample; it changes only for requests replaying
+        # recorded tokens (their later samples in ``_recorded``), a placeholder stays
+        self._next: dict[str, SampledToken] = {}
+        self._recorded: dict[str, Iterator[SampledToken]] = {}
         self.num_steps = 0
         self._num_stored_taken = 0  # blocks stored in the feed already taken
         self.stored: list[str] = []  # the KV event feed of the step in flight
@@ -136,7 +140,9 @@ class SimPod:
             self.kv.give_block_hashes(req.request_id, block_hashes)
         times.num_prompt_tokens = len(tokens)
         live = self.live[tr.request_id] = _Live(tr, times, req, block_hashes)
-        self._samples[tr.request_id] = _samples(tr, index)
+        self._next[tr.request_id], later = _samples(tr, index)
+        if later is not None:
+            self._recorded[tr.request_id] = later
         self._no_token[tr.request_id] = times
         if tr.finish in ENDED_OUTSIDE:
             self.ending_outside[tr.request_id] = live
@@ -154,7 +160,8 @@ class SimPod:
 
     def _finished(self, request_id: str) -> None:
         live = self.live.pop(request_id)
-        del self._samples[request_id]
+        del self._next[request_id]
+        self._recorded.pop(request_id, None)
         self.ending_outside.pop(request_id, None)
         self._no_token.pop(request_id, None)
         t = live.times
@@ -195,21 +202,24 @@ class SimPod:
 
     def finish_step(self) -> None:
         """Close the step in flight at ``clock``: sample, update, enter the requests that
-        arrived meanwhile. Per sample, no Python: each live request's next sample comes off
-        its own iterator (one sample per step it samples in, nothing else appends to it)."""
+        arrived meanwhile. The runner's output is the pod's dict of next samples, as it is
+        (each scheduled sample id has one); only requests replaying recorded tokens move
+        on to their next one, so a trace of placeholders costs no Python per sample."""
         out, self.in_flight = self.in_flight, None
         sids = list(chain.from_iterable(map(_SAMPLE_IDS, out.scheduled)))
-        sampled = dict(zip(sids, map(next, map(self._samples.__getitem__, sids))))
-        if len(sampled) != len(sids):
-            raise RuntimeError("a request sampled past its trace's output (or twice in a step)")
         requests = self.scheduler.requests
         before = len(requests)
-        self.scheduler.update_from_output(out, ModelRunnerOutput(sampled))  # outputs: none
+        self.scheduler.update_from_output(out, ModelRunnerOutput(self._next))  # outputs: none
         self.num_steps += 1
+        recorded = self._recorded
+        if recorded:
+            nxt = self._next
+            for rid in recorded.keys() & sids:
+                nxt[rid] = next(recorded[rid])
         no_token = self._no_token
         if no_token:
             clock = self.clock
-            for rid in no_token.keys() & sampled.keys():
+            for rid in no_token.keys() & sids:
                 no_token.pop(rid).first_token = clock
         if len(requests) < before:  # finished by this update (in the order they sampled)
             for rid in sids:
@@ -227,27 +237,21 @@ class SimPod:
         return stored, removed
 
 
-_BY_ID = None  # _SAMPLED's SampledToken of each synthetic token id, as an object array
+def _sampled(token_id: int) -> SampledToken:
+    tok = _SAMPLED.get(token_id)
+    if tok is None:
+        tok = _SAMPLED[token_id] = SampledToken(token_id)
+    return tok
 
 
-def _placeholder_samples():
-    global _BY_ID
-    if _BY_ID is None:
-        import numpy as np
-
-        _BY_ID = np.array([_SAMPLED.setdefault(t, SampledToken(t)) for t in range(SYNTHETIC_VOCAB)],
-                          dtype=object)
-    return _BY_ID
-
-
-def _samples(tr: TracedRequest, index: int) -> Iterator[SampledToken]:
-    """What the runner samples for the request at each output position: the trace's recorded
-    tokens, then placeholders, as many as it can sample (its output length, +1: an
-    abort's). One shared SampledToken per token id."""
-    ids = list((tr.output_token_ids or ())[:tr.output_length + 1])
-    for tok in set(ids).difference(_SAMPLED):  # recorded ids never sampled before (rare)
-        _SAMPLED[tok] = SampledToken(tok)
-    out = list(map(_SAMPLED.__getitem__, ids))
-    if len(out) <= tr.output_length:  # the placeholders after them, picked in numpy
-        out += _placeholder_samples()[placeholder_array(index, len(out), tr.output_length + 1)].tolist()
-    return iter(out)
+def _samples(tr: TracedRequest, index: int) -> tuple[SampledToken, Iterator[SampledToken] | None]:
+    """What the runner samples for the request: the trace's recorded tokens (as many as it
+    can sample: its output length, +1 for an abort's), then its placeholder
+    (``placeholder_token``) at every later position. Returns the first sample and the
+    later ones, None when every sample is the placeholder. One SampledToken per token id."""
+    placeholder = _sampled(placeholder_token(index))
+    ids = (tr.output_token_ids or ())[:tr.output_length + 1]
+    if not ids:
+        return placeholder, None
+    later = chain(map(_sampled, ids), repeat(placeholder))
+    return next(later), later

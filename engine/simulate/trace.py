@@ -19,8 +19,8 @@ Every reader gives ``TracedRequest``s in arrival order. Four sources:
 - A run given by id reads from ``RunStore`` (``engine.store``); torch-free.
 
 Output tokens: a trace gives their number; what they are does not matter to the cache
-except when a later prompt repeats them, so simulated samples are per-request tokens no
-other request produces (``placeholder_token``), and an engine run's own recorded tokens.
+except when a later prompt repeats them, so a simulated request samples a token no other
+request samples (``placeholder_token``), or an engine run's own recorded tokens.
 """
 
 from __future__ import annotations
@@ -135,22 +135,13 @@ def _shared_ints(tokens) -> list[int]:
     return _INTS[tokens.astype(np.intp)].tolist()
 
 
-def placeholder_token(request_index: int, position: int) -> int:
-    """A simulated sample: a token stream no other request's samples share."""
-    return 1 + mix(~request_index & 0xFFFFFFFFFFFFFFFF, position) % (SYNTHETIC_VOCAB - 1)
-
-
-def placeholder_tokens(request_index: int, start: int, stop: int) -> list[int]:
-    """``placeholder_token(request_index, k)`` for k in [start, stop), all at once."""
-    return placeholder_array(request_index, start, stop).tolist()
-
-
-def placeholder_array(request_index: int, start: int, stop: int):
-    """``placeholder_tokens`` as a numpy array (of intp: an index)."""
-    import numpy as np
-
-    a = np.array([~request_index & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
-    return _synthetic_np(a, np.arange(start, stop, dtype=np.uint64)).astype(np.intp)
+def placeholder_token(request_index: int) -> int:
+    """What a simulated request samples at every output position its trace records no
+    token for: one token id per request, no two requests of a trace under 32,000 requests
+    alike (a block of them hashes apart from any other's, its parent chain being the
+    request's own), so output blocks are stored and evicted as a stream would be, and the
+    runner's samples are the same objects step after step (no per-step work)."""
+    return 1 + request_index % (SYNTHETIC_VOCAB - 1)
 
 
 # ---- readers --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from engine.simulate.mooncake import Shape, calibrate, generate, stats
 from engine.simulate.trace import (
     MOONCAKE_BLOCK, SYNTHETIC_VOCAB, TraceError, mix, mooncake_tokens, placeholder_token,
-    placeholder_tokens, read_jsonl, read_mooncake,
+    read_jsonl, read_mooncake,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,31 +54,56 @@ def test_prompt_hashes_remembered_by_hash_id_are_the_core_s_hashes(block_size):
     assert len(ph._blocks) <= 64
 
 
-def test_placeholder_samples_are_the_scalar_rule_and_no_two_requests_share_them():
-    """``placeholder_tokens`` (numpy, what a simulated pod samples) is ``placeholder_token``
-    (the rule, one token at a time) over a range; two requests' streams differ."""
-    for index in (0, 1, 7, 12_345):
-        got = placeholder_tokens(index, 3, 40)
-        assert got == [placeholder_token(index, k) for k in range(3, 40)]
-        assert all(isinstance(t, int) and 1 <= t < SYNTHETIC_VOCAB for t in got)
-    assert placeholder_tokens(0, 0, 32) != placeholder_tokens(1, 0, 32)
+def test_no_two_requests_of_a_trace_share_a_placeholder():
+    """``placeholder_token``: one synthetic token id per request index, distinct for
+    31,999 requests in a row (a trace under 32,000 requests: no two alike)."""
+    toks = [placeholder_token(i) for i in range(SYNTHETIC_VOCAB - 1)]
+    assert len(set(toks)) == SYNTHETIC_VOCAB - 1
+    assert all(isinstance(t, int) and 1 <= t < SYNTHETIC_VOCAB for t in toks)
+    assert placeholder_token(SYNTHETIC_VOCAB - 1) == placeholder_token(0)
 
 
-def test_a_pod_samples_the_trace_s_tokens_then_placeholders_one_object_per_token_id():
-    """What a simulated pod samples (``pod._samples``): a Mooncake request's placeholders
-    (picked from a table in numpy) and an engine trace's recorded tokens then placeholders
-    (per token), its output length + 1 of them, the same SampledToken for the same id."""
+def test_a_pod_samples_the_trace_s_tokens_then_its_placeholder_one_object_per_token_id():
+    """What a simulated pod samples (``pod._samples``): a Mooncake request's placeholder
+    at every position (no stream to advance), and an engine trace's recorded tokens (its
+    output length + 1 at most) then its placeholder; the same SampledToken for the same id."""
+    from itertools import islice
+
     from engine.simulate.pod import _SAMPLED, _samples
     from engine.simulate.trace import TracedRequest
 
     moon = TracedRequest("m", 0.0, None, 5, hash_ids=(1,), num_prompt_tokens=20)
-    got = list(_samples(moon, 42))
-    assert [s.token_id for s in got] == placeholder_tokens(42, 0, 6)
+    first, later = _samples(moon, 42)
+    assert (first.token_id, later) == (placeholder_token(42), None)
+    assert first is _SAMPLED[first.token_id]
+    recorded = TracedRequest("e", 0.0, (1, 2, 3), 1, output_token_ids=(7, 8, 40_000))
+    first, later = _samples(recorded, 3)
+    got = [first] + list(islice(later, 4))
+    assert [s.token_id for s in got] == [7, 8] + [placeholder_token(3)] * 3  # 40,000: past length + 1
     assert all(s is _SAMPLED[s.token_id] for s in got)
-    recorded = TracedRequest("e", 0.0, (1, 2, 3), 4, output_token_ids=(7, 8, 40_000))
-    got = list(_samples(recorded, 3))
-    assert [s.token_id for s in got] == [7, 8, 40_000] + placeholder_tokens(3, 3, 5)
-    assert all(s is _SAMPLED[s.token_id] for s in got)
+
+
+def test_two_requests_with_one_prompt_store_their_output_blocks_apart():
+    """A request's output blocks chain on its own placeholder: two requests with the same
+    prompt on one pod share the prompt's blocks and store each its own output blocks (none
+    deduplicated into the other's), as two different streams would."""
+    from engine.core import CacheConfig, SchedulerConfig
+    from engine.simulate.cost import StepCost
+    from engine.simulate.pod import RequestTimes, SimPod
+    from engine.simulate.trace import TracedRequest
+
+    pod = SimPod(0, SchedulerConfig(max_model_len=4096, max_num_batched_tokens=2048, max_num_seqs=4),
+                 CacheConfig(block_size=16, num_blocks=256), StepCost(0.01, 0, 0, 0))
+    for k in range(2):
+        tr = TracedRequest(f"r{k}", 0.0, None, 48, hash_ids=(5,), num_prompt_tokens=64)
+        pod.arrive(tr, k, RequestTimes(0, 0.0), tr.tokens())
+    while pod.busy():
+        pod.start_step(pod.clock)
+        pod.finish_step()
+    # 64 prompt tokens: 4 full blocks, stored once; 64 + 48 = 112 tokens: 3 output blocks
+    # full by the last sample (its K/V never computed: 2 stored) per request
+    assert pod.num_blocks_stored == 4 + 2 * 2
+    assert len(pod.kv.pool.cached) == 4 + 2 * 2
 
 
 def test_mooncake_partial_last_block_is_the_start_of_that_id_s_block():
