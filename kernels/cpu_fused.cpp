@@ -10,14 +10,22 @@
 //                 eps) * weight: the same roundings as torch.rms_norm except the order
 //                 of the sum of squares (so ~1 ulp in the scale factor).
 //
+// silu_mul's input and output, add_rms_norm's x and output may also be bfloat16 (the
+// bf16 weights' oneDNN GEMMs read and write bf16: kernels/cpu_linear.py), so that no
+// separate conversion pass runs between a GEMM and these ops. The arithmetic stays
+// float32: a bf16 value widens exactly, a result rounds to nearest even as torch's.
+//
 // Built at first use by kernels/cpu_build.py (-O3 -march=native -ffp-contract=off: no
 // multiply-add is fused behind our back, so the products round as torch's do).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <c10/util/BFloat16.h>
+
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -34,43 +42,88 @@ namespace {
 int64_t grain_elems = 1 << 18;
 inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, grain_elems / std::max<int64_t>(1, width)); }
 
-void check_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.stride(1) == 1 && t.device().is_cpu(), name,
-              " must be a float32 CPU matrix with contiguous rows");
+void check_rows(const at::Tensor& t, const char* name, bool bf16_too = false) {
+  const bool dtype_ok = t.scalar_type() == at::kFloat || (bf16_too && t.scalar_type() == at::kBFloat16);
+  TORCH_CHECK(t.dim() == 2 && dtype_ok && t.stride(1) == 1 && t.device().is_cpu(), name, " must be a ",
+              bf16_too ? "float32 or bfloat16" : "float32", " CPU matrix with contiguous rows");
+}
+
+using bf16 = c10::BFloat16;
+inline float widen(float v) { return v; }
+inline float widen(bf16 v) { return static_cast<float>(v); }  // exact
+template <typename T>
+inline T narrow(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return bf16(v);  // round to nearest even, as torch's .to(torch.bfloat16)
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {  // bf16 bits are a float's high half
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(bf16* p, __m512 v) {  // c10's round_to_nearest_even, 16 at a time
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));  // NaN
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+#endif
+
+// f(in_type{}, out_type{}) for the (float32 | bfloat16) pair of two tensors
+template <typename F>
+void dispatch2(const at::Tensor& a, const at::Tensor& b, F&& f) {
+  const bool ab = a.scalar_type() == at::kBFloat16, bb = b.scalar_type() == at::kBFloat16;
+  if (!ab && !bb) f(float{}, float{});
+  else if (!ab) f(float{}, bf16{});
+  else if (!bb) f(bf16{}, float{});
+  else f(bf16{}, bf16{});
 }
 
 }  // namespace
 
 // gate_up [T, 2I] (gate then up, as the fused projection writes them) -> out [T, I]
-void silu_mul(const at::Tensor& gate_up, at::Tensor& out) {
-  check_rows(gate_up, "gate_up");
-  check_rows(out, "out");
+template <typename TI, typename TO>
+void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
   const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
-  TORCH_CHECK(gate_up.size(1) == 2 * I && out.size(0) == T && out.size(1) == I, "out must be [T, I] for gate_up [T, 2I]");
-  const float* src = gate_up.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
+  const TI* src = reinterpret_cast<const TI*>(gate_up.data_ptr());
+  TO* dst = reinterpret_cast<TO*>(out.data_ptr());
   const int64_t ls = gate_up.stride(0), ld = out.stride(0);
   at::parallel_for(0, T, row_grain(I), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const float* g = src + t * ls;
-      const float* u = g + I;
-      float* o = dst + t * ld;
+      const TI* g = src + t * ls;
+      const TI* u = g + I;
+      TO* o = dst + t * ld;
       int64_t i = 0;
 #if defined(__AVX512F__)
       const __m512 one = _mm512_set1_ps(1.f);
       const __m512 sign = _mm512_set1_ps(-0.f);
       for (; i + 32 <= I; i += 32) {  // ATen's vectorized loop: two vectors per iteration
         for (int64_t j = i; j < i + 32; j += 16) {
-          const __m512 x = _mm512_loadu_ps(g + j);
+          const __m512 x = load16(g + j);
           const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
           const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, e));
-          _mm512_storeu_ps(o + j, _mm512_mul_ps(s, _mm512_loadu_ps(u + j)));
+          store16(o + j, _mm512_mul_ps(s, load16(u + j)));
         }
       }
 #endif
-      for (; i < I; ++i) o[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];
+      for (; i < I; ++i) {
+        const float x = widen(g[i]);
+        o[i] = narrow<TO>((x / (1.f + std::exp(-x))) * widen(u[i]));
+      }
     }
   });
+}
+
+void silu_mul(const at::Tensor& gate_up, at::Tensor& out) {
+  check_rows(gate_up, "gate_up", true);
+  check_rows(out, "out", true);
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+  TORCH_CHECK(gate_up.size(1) == 2 * I && out.size(0) == T && out.size(1) == I, "out must be [T, I] for gate_up [T, 2I]");
+  dispatch2(gate_up, out, [&](auto in, auto o) { silu_mul_impl<decltype(in), decltype(o)>(gate_up, out); });
 }
 
 // x [T, heads, hd] (heads contiguous, any row stride), cos / signed_sin [T, hd] -> out
@@ -108,34 +161,25 @@ void rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_s
 
 // residual [T, N] (updated in place to residual + x when x is given), weight [N] -> out
 // [T, N] = residual * rsqrt(mean(residual^2) + eps) * weight
-void add_rms_norm(const c10::optional<at::Tensor>& x, at::Tensor& residual, const at::Tensor& weight, double eps,
-                  at::Tensor& out) {
-  check_rows(residual, "residual");
-  check_rows(out, "out");
+template <typename TX, typename TO>
+void add_rms_norm_impl(const TX* xs, int64_t lx, at::Tensor& residual, const at::Tensor& weight, float e,
+                       at::Tensor& out) {
   const int64_t T = residual.size(0), N = residual.size(1);
-  TORCH_CHECK(out.size(0) == T && out.size(1) == N, "out must be shaped like residual");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == N && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
-              "weight must be contiguous float32 [N]");
-  const float* xs = nullptr;
-  int64_t lx = 0;
-  if (x.has_value()) {
-    check_rows(*x, "x");
-    TORCH_CHECK(x->size(0) == T && x->size(1) == N, "x must be shaped like residual");
-    xs = x->data_ptr<float>();
-    lx = x->stride(0);
-  }
   float* rs = residual.data_ptr<float>();
-  float* os = out.data_ptr<float>();
+  TO* os = reinterpret_cast<TO*>(out.data_ptr());
   const float* w = weight.data_ptr<float>();
   const int64_t lr = residual.stride(0), lo = out.stride(0);
-  const float e = static_cast<float>(eps);
   at::parallel_for(0, T, row_grain(N), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* r = rs + t * lr;
-      float* o = os + t * lo;
+      TO* o = os + t * lo;
       if (xs != nullptr) {
-        const float* xi = xs + t * lx;
-        for (int64_t i = 0; i < N; ++i) r[i] = r[i] + xi[i];
+        const TX* xi = xs + t * lx;
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        for (; i + 16 <= N; i += 16) _mm512_storeu_ps(r + i, _mm512_add_ps(_mm512_loadu_ps(r + i), load16(xi + i)));
+#endif
+        for (; i < N; ++i) r[i] = r[i] + widen(xi[i]);
       }
       float acc[16] = {0.f};  // 16 independent partial sums: vectorizes without reassociation
       int64_t i = 0;
@@ -148,11 +192,41 @@ void add_rms_norm(const c10::optional<at::Tensor>& x, at::Tensor& residual, cons
       for (int j = 0; j < 16; ++j) total += acc[j];
       for (; i < N; ++i) total += r[i] * r[i];
       const float scale = 1.f / std::sqrt(total / static_cast<float>(N) + e);
-      for (int64_t k = 0; k < N; ++k) {
+      int64_t k = 0;
+#if defined(__AVX512F__)
+      const __m512 sv = _mm512_set1_ps(scale);
+      for (; k + 16 <= N; k += 16)  // (r * scale) * w: the scalar loop's two roundings
+        store16(o + k, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(r + k), sv), _mm512_loadu_ps(w + k)));
+#endif
+      for (; k < N; ++k) {
         const float normed = r[k] * scale;
-        o[k] = normed * w[k];
+        o[k] = narrow<TO>(normed * w[k]);
       }
     }
+  });
+}
+
+void add_rms_norm(const c10::optional<at::Tensor>& x, at::Tensor& residual, const at::Tensor& weight, double eps,
+                  at::Tensor& out) {
+  check_rows(residual, "residual");
+  check_rows(out, "out", true);
+  const int64_t T = residual.size(0), N = residual.size(1);
+  TORCH_CHECK(out.size(0) == T && out.size(1) == N, "out must be shaped like residual");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == N && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
+              "weight must be contiguous float32 [N]");
+  const float e = static_cast<float>(eps);
+  if (!x.has_value()) {
+    dispatch2(residual, out, [&](auto, auto o) {
+      add_rms_norm_impl<float, decltype(o)>(nullptr, 0, residual, weight, e, out);
+    });
+    return;
+  }
+  check_rows(*x, "x", true);
+  TORCH_CHECK(x->size(0) == T && x->size(1) == N, "x must be shaped like residual");
+  dispatch2(*x, out, [&](auto in, auto o) {
+    using TX = decltype(in);
+    add_rms_norm_impl<TX, decltype(o)>(reinterpret_cast<const TX*>(x->data_ptr()), x->stride(0), residual, weight,
+                                        e, out);
   });
 }
 

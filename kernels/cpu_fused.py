@@ -6,6 +6,8 @@ Used by engine/model/layers.py and llama.py for float32 CPU tensors when the ext
 builds here; otherwise (or with ``KVSCOPE_CPU_FUSED=0``, for A/B runs: ``python -m
 bench.step_ab fused``) the torch ops run. silu_mul and rope give bitwise torch's
 results; add_rms_norm sums the squares in another order (~1 ulp in the scale).
+silu_mul's input and output and add_rms_norm's ``x`` and output may be bfloat16 (the bf16
+weights' GEMM inputs and outputs: kernels/cpu_linear.py); the arithmetic stays float32.
 """
 
 from __future__ import annotations
@@ -31,9 +33,17 @@ def applies(*tensors: torch.Tensor) -> bool:
     return fused_enabled()
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for gate_up [T, 2I] (gate first) -> [T, I]."""
-    out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2)
+def applies_bf16(*tensors: torch.Tensor) -> bool:
+    """``applies``, bfloat16 tensors accepted too (silu_mul's input, add_rms_norm's x)."""
+    for t in tensors:
+        if (t.dtype != torch.float32 and t.dtype != torch.bfloat16) or not t.is_cpu:
+            return False
+    return fused_enabled()
+
+
+def silu_mul(gate_up: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """silu(gate) * up for gate_up [T, 2I] (gate first) -> [T, I] of ``out_dtype``."""
+    out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=out_dtype)
     extension().silu_mul(gate_up, out)
     return out
 
@@ -45,8 +55,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.
     return out
 
 
-def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """residual += x (in place, if x is given); returns rms_norm(residual) * weight."""
-    out = torch.empty_like(residual, memory_format=torch.contiguous_format)
+def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """residual += x (in place, if x is given); returns rms_norm(residual) * weight as ``out_dtype``."""
+    out = torch.empty_like(residual, dtype=out_dtype, memory_format=torch.contiguous_format)
     extension().add_rms_norm(x, residual, weight, float(eps), out)
     return out

@@ -1,5 +1,5 @@
 """Reduced-precision weights for CPU linears: int8 (grouped scales) or bfloat16 storage,
-float32 compute. Optional (``quantization="int8"`` / ``dtype="bfloat16"`` on the CPU),
+float32 compute (but for bfloat16 GEMMs of 2+ rows, below). Optional (``quantization="int8"`` / ``dtype="bfloat16"`` on the CPU),
 never the default.
 
 Why: a batch-1 decode step reads every weight once and does two FLOPs with it, so its
@@ -11,6 +11,11 @@ float32: weights are widened in registers (kernels/cpu_linear.cpp).
 - Few rows (decode): the C++ kernel reads each weight row once for all rows of x.
 - Many rows (prefill): the weight is dequantized into a reused float32 scratch matrix
   and multiplied by F.linear (MKL), which is faster there than the kernel's loop.
+- bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16, AMX; oneDNN through
+  torch.ops.mkldnn): from 2 rows the input is rounded to bf16 and oneDNN multiplies it by
+  a packed copy of the weight, summing in float32 (~2x less time at 16 rows, ~2-5x at 512,
+  as vLLM's CPU build computes in bf16). The rounding of the input is this path's
+  accuracy cost (bench/RESULTS.md, session 21); one row (batch-1 decode) stays float32.
 
 int8 quantization works per group of 32 consecutive weights along K, w = q * scale +
 offset with q in [-128, 127], each group taking the better (smaller largest error) of:
@@ -54,6 +59,13 @@ GROUP = 32
 # 145 vs 166, at 32 344 vs 231; bf16 at 8 95 vs 176, at 16 180 vs 169.
 INT8_KERNEL_MAX_ROWS = 16
 BF16_KERNEL_MAX_ROWS = 12
+# Where oneDNN multiplies bfloat16 natively (AMX here), it takes the bfloat16 format from 2
+# rows: every linear weight of SmolLM2 once, 2 threads, wall ms, 2026-12-07 (quiet box),
+# kernel / oneDNN (input rounded to bf16, output widened): 1 row 12.2 / 12.5, 2 13.0 / 12.6,
+# 4 17.0 / 12.8, 8 25.6 / 13.2, 16 30.0 / 14.0; 512 rows F.linear on the widened weight
+# ~357 / oneDNN ~168. One row stays on the kernel: float32 products, as fast.
+BF16_ONEDNN_MIN_ROWS = 2
+ONEDNN_BATCH_HINT = 16  # the row count oneDNN lays a packed weight out for (here and engine/model/layers.py)
 
 
 class KernelUnavailableError(cpu_build.KernelUnavailableError):
@@ -156,15 +168,37 @@ class Int8Weight:
         return F.linear(x, w, bias)
 
 
+def onednn_packing() -> bool:
+    """Whether this torch has oneDNN's packed linear (private ops: F.linear if not)."""
+    return (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+@functools.cache  # once a process
+def onednn_bf16() -> bool:
+    """Whether oneDNN multiplies bfloat16 natively here (AVX512-BF16 / AMX): what the
+    bfloat16 format's oneDNN path needs."""
+    return onednn_packing() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 @dataclass(frozen=True, eq=False)
 class BF16Weight:
-    """A bfloat16 weight computed in float32; written once by ``from_float``."""
+    """A bfloat16 weight; written once by ``from_float``. One row (batch-1 decode) is
+    computed in float32 by the kernel; two rows and more, where this CPU multiplies
+    bfloat16 natively, by oneDNN on a packed copy with the input rounded to bfloat16
+    (float32 sums), else in float32 (the kernel up to 12 rows, F.linear beyond)."""
 
     w: torch.Tensor  # bfloat16 [N, K]
+    packed: torch.Tensor | None = None  # oneDNN's layout of w, for BF16_ONEDNN_MIN_ROWS rows and more
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> "BF16Weight":
-        return cls(weight.detach().to(torch.bfloat16).contiguous())
+        w = weight.detach().to(torch.bfloat16).contiguous()
+        packed = None
+        if onednn_bf16():
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, ONEDNN_BATCH_HINT)
+        return cls(w, packed)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -178,8 +212,21 @@ class BF16Weight:
         return self.w.float()
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x`` float32, or bfloat16 (then so is the answer: oneDNN's own output, no
+        widening pass; the bias, if any, added in float32 before the rounding)."""
         x = x.contiguous()
-        if x.shape[0] <= BF16_KERNEL_MAX_ROWS:
+        rows = x.shape[0]
+        if self.packed is not None and rows >= BF16_ONEDNN_MIN_ROWS:
+            bf16_in = x.dtype == torch.bfloat16
+            out = torch.ops.mkldnn._linear_pointwise(x if bf16_in else x.to(torch.bfloat16), self.packed,
+                                                     None, "none", [None], "")
+            if bias is None:
+                return out if bf16_in else out.float()
+            out = out.float().add_(bias)
+            return out.to(torch.bfloat16) if bf16_in else out
+        if x.dtype == torch.bfloat16:
+            return self.linear(x.float(), bias).to(torch.bfloat16)
+        if rows <= BF16_KERNEL_MAX_ROWS:
             return extension().bf16_linear(x, self.w, bias)
         w = _Scratch.get(self.shape)
         w.copy_(self.w)  # bf16 -> float32 widening is exact

@@ -16,6 +16,7 @@ from torch import nn
 
 from engine import envs
 from kernels import cpu_fused, cpu_mkl
+from kernels.cpu_linear import BF16_ONEDNN_MIN_ROWS, ONEDNN_BATCH_HINT, BF16Weight, onednn_packing
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -47,11 +48,13 @@ class GatedActivation:
         self.act = activation(name)
         self.silu = self.act is F.silu
 
-    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
-        if self.silu and gate_up.dim() == 2 and gate_up.stride(1) == 1 and cpu_fused.applies(gate_up):
-            return cpu_fused.silu_mul(gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.act(gate) * up
+    def __call__(self, gate_up: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``out_dtype``: bfloat16 for a bf16 GEMM's input (Linear.input_dtype); a bf16
+        ``gate_up`` is computed in float32 on the fused path."""
+        if self.silu and gate_up.dim() == 2 and gate_up.stride(1) == 1 and cpu_fused.applies_bf16(gate_up):
+            return cpu_fused.silu_mul(gate_up, out_dtype)
+        gate, up = gate_up.float().chunk(2, dim=-1)
+        return (self.act(gate) * up).to(out_dtype)
 
 
 class RMSNorm(nn.Module):
@@ -74,13 +77,15 @@ class RMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``residual += x`` in place, then the norm of the sum (one pass on the CPU)."""
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor,
+                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``residual += x`` in place, then the norm of the sum (one pass on the CPU) as
+        ``out_dtype`` (bfloat16 for a bf16 GEMM's input; ``x`` may be one's bf16 output)."""
         if (x.dim() == 2 and x.stride(1) == 1 and residual.stride(1) == 1
-                and cpu_fused.applies(x, residual, self.weight)):
-            return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps)
+                and cpu_fused.applies_bf16(x) and cpu_fused.applies(residual, self.weight)):
+            return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps, out_dtype)
         residual.add_(x)
-        return self(residual)
+        return self(residual).to(out_dtype)
 
 
 def rope_settings(config: Any) -> tuple[float, dict[str, Any]]:
@@ -194,13 +199,6 @@ class RopeTables:
 # step, a 4096-token prefill included. The packed copy doubles the weights' memory.
 ONEDNN_ROWS = (1, 4096)
 MKL_ROWS = (4, 64)
-ONEDNN_BATCH_HINT = 16  # the row count oneDNN lays the weight out for
-
-
-def _onednn_packing() -> bool:
-    return (torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 def packed_rows(mkl: bool) -> tuple[int, int]:
@@ -259,7 +257,7 @@ class PackedWeightCache:
             try:  # oneDNN's is a private op: if this torch lacks or changed it, use F.linear
                 if cpu_mkl.usable():
                     self.packed, self.mkl = cpu_mkl.pack(weight), True
-                elif _onednn_packing():
+                elif onednn_packing():
                     self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ONEDNN_BATCH_HINT)
                     self.mkl = False
             except Exception:  # noqa: BLE001 (packed stays None: the reset above)
@@ -304,6 +302,15 @@ class Linear(nn.Module):
         if self.reduced is not None:
             return self.reduced.linear(x, self.bias)
         return self.packed.linear(x, self.weight, self.bias)
+
+    def input_dtype(self, rows: int) -> torch.dtype:
+        """bfloat16 where this linear multiplies ``rows`` rows in bf16 (a bf16 weight on
+        oneDNN: its input is rounded anyway, so the op before may write it as bf16, and
+        it answers in bf16), else float32."""
+        r = self.reduced
+        if type(r) is BF16Weight and r.packed is not None and rows >= BF16_ONEDNN_MIN_ROWS:
+            return torch.bfloat16
+        return torch.float32
 
     def reduce_precision(self, fmt: str) -> None:
         """Store the weight as ``fmt`` (one of REDUCED_FORMATS; kernels/cpu_linear.py)."""

@@ -102,8 +102,13 @@ class LlamaDecoderLayer(nn.Module):
         add + RMSNorm): the same float32 sums as ``h + x``, one pass over ``h`` fewer."""
         d, T = self.d, h.shape[0]
         q_size, kv_size = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
-        normed = self.input_layernorm(h) if pending is None else self.input_layernorm.add_and_norm(pending, h)
-        qkv = self.qkv_proj(normed)  # [T, q_size + 2 * kv_size]
+        # bfloat16 where the linears multiply in bf16 (kernels/cpu_linear.py): the norms and
+        # SiLU write their GEMMs' inputs as bf16, and o_proj's and the MLP's outputs stay
+        # bf16 into the fused ops; the residual stream, RoPE and attention stay float32
+        io = self.qkv_proj.input_dtype(T)
+        normed = (self.input_layernorm(h).to(io) if pending is None
+                  else self.input_layernorm.add_and_norm(pending, h, io))
+        qkv = self.qkv_proj(normed).float()  # [T, q_size + 2 * kv_size]; float32 as it was
         # q and k heads rotated together (one strided view of the fused output), then
         # split back as views; v stays a view too (the cache write copies it)
         qk = rope.apply(qkv[:, : q_size + kv_size].view(T, d.num_heads + d.num_kv_heads, d.head_dim))
@@ -113,8 +118,8 @@ class LlamaDecoderLayer(nn.Module):
         backend.write_kv(k, v, key_cache, value_cache, meta)
         attn = backend.attend(q, key_cache, value_cache, meta, self.scale)  # [T, heads, hd]
         # h += o_proj(attn) in place, normed in the same pass
-        normed = self.post_attention_layernorm.add_and_norm(self.o_proj(attn.reshape(T, q_size)), h)
-        return self.down_proj(self.act(self.gate_up_proj(normed)))
+        normed = self.post_attention_layernorm.add_and_norm(self.o_proj(attn.reshape(T, q_size).to(io)), h, io)
+        return self.down_proj(self.act(self.gate_up_proj(normed), io))
 
 
 class LlamaForCausalLM(CausalLM):

@@ -68,14 +68,58 @@ def test_int8_linear_matches_its_dequantized_weight(ext, rows, bias):
     torch.testing.assert_close(w8.linear(x, b), F.linear(x, w8.dequantize(), b), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 4, 9, C.BF16_KERNEL_MAX_ROWS + 3])
+def _onednn_rows(wb: C.BF16Weight, x: torch.Tensor) -> bool:
+    return wb.packed is not None and x.shape[0] >= C.BF16_ONEDNN_MIN_ROWS
+
+
+def _bf16_reference(wb: C.BF16Weight, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """What ``wb.linear`` computes: float32 products of the widened weight; where oneDNN's
+    bf16 path takes these rows, of the input rounded to bfloat16, the sum rounded to
+    bfloat16 (oneDNN's output) before the float32 bias."""
+    onednn = _onednn_rows(wb, x)
+    out = F.linear(x.bfloat16().double() if onednn else x.double(), wb.w.double())
+    out = out.float().bfloat16().float() if onednn else out.float()
+    return out if b is None else out + b
+
+
+def _assert_bf16_close(wb: C.BF16Weight, x: torch.Tensor, got: torch.Tensor, b: torch.Tensor | None) -> None:
+    """``got`` is ``_bf16_reference``'s answer. oneDNN's float32 sum and float64's may round
+    to neighbouring bfloat16 values, one unit in the last place: 2^-8 of the sum at most
+    (so it is compared before the bias)."""
+    want = _bf16_reference(wb, x, None)
+    if b is not None:
+        got = got - b
+    tol = dict(rtol=2 ** -8, atol=1e-5) if _onednn_rows(wb, x) else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 9, C.BF16_KERNEL_MAX_ROWS + 3, 300])
 @pytest.mark.parametrize("k", [64, 80, 72])  # 80, 72: the kernel's 16-column step and scalar tail
-def test_bf16_linear_matches_its_widened_weight(ext, rows, k):
+@pytest.mark.parametrize("onednn", [True, False])
+def test_bf16_linear_matches_its_widened_weight(ext, rows, k, onednn):
     wb = C.BF16Weight.from_float(_weight(50, k, seed=2))
+    if onednn and wb.packed is None:
+        pytest.skip("this CPU or torch has no native bf16 oneDNN matmul")
+    if not onednn:
+        wb = C.BF16Weight(wb.w)  # the float32 paths: the kernel, then F.linear on the widened weight
     x = torch.randn(rows, k)
     b = torch.randn(50)
-    torch.testing.assert_close(wb.linear(x, b), F.linear(x, wb.w.float(), b), rtol=1e-5, atol=1e-5)
+    _assert_bf16_close(wb, x, wb.linear(x, b), b)
     assert wb.nbytes == 50 * k * 2
+
+
+def test_bf16_linear_rounds_only_on_the_onednn_path(ext):
+    """One row is float32 products; two rows go through oneDNN in bf16: the same row gives
+    the float32 answer alone and a rounded one beside another row."""
+    wb = C.BF16Weight.from_float(_weight(64, 128, seed=4))
+    if wb.packed is None:
+        pytest.skip("this CPU or torch has no native bf16 oneDNN matmul")
+    x = torch.randn(2, 128) * 3
+    exact = F.linear(x.double(), wb.w.double()).float()
+    torch.testing.assert_close(wb.linear(x[:1], None), exact[:1], rtol=1e-5, atol=1e-5)
+    two = wb.linear(x, None)
+    _assert_bf16_close(wb, x, two, None)
+    assert (two - exact).abs().max() > 1e-3  # the rounding is visible at this scale
 
 
 def test_kernel_rejects_bad_inputs(ext):
@@ -99,8 +143,10 @@ def test_linear_reduce_precision_drops_the_float32_weight(ext, fmt):
     lin.reduce_precision(fmt)
     assert lin.weight.numel() == 0 and lin.num_weights == 48 * 64
     assert lin.weight_bytes == (48 * 64 + 2 * 48 * 2 * 4 if fmt == "int8" else 48 * 64 * 2)
-    ref = F.linear(x, lin.reduced.dequantize(), lin.bias)
-    torch.testing.assert_close(lin(x), ref, rtol=1e-5, atol=1e-5)
+    if fmt == "bfloat16":
+        _assert_bf16_close(lin.reduced, x, lin(x), lin.bias)
+    else:
+        torch.testing.assert_close(lin(x), F.linear(x, lin.reduced.dequantize(), lin.bias), rtol=1e-5, atol=1e-5)
     assert (lin(x) - before).abs().max() < 0.05  # a coarse check that it is still the same layer
     with pytest.raises(ValueError, match="unknown weight format"):
         Linear(32, 8, False).reduce_precision("int4")

@@ -30,7 +30,7 @@ def test_matches_f_linear(rows, bias):
 
 
 def test_batches_in_the_packed_range_use_the_packed_copy_and_others_do_not():
-    if not (layers._onednn_packing() or cpu_mkl.usable()):
+    if not (layers.onednn_packing() or cpu_mkl.usable()):
         pytest.skip("this torch build packs no weights")
     lo, hi = layers.packed_rows(cpu_mkl.usable())
     lin = _filled(32, 48, True)
@@ -43,7 +43,7 @@ def test_batches_in_the_packed_range_use_the_packed_copy_and_others_do_not():
 
 
 def test_onednn_packs_by_default_from_one_row_to_a_long_prefill():
-    if cpu_mkl.usable() or not layers._onednn_packing():
+    if cpu_mkl.usable() or not layers.onednn_packing():
         pytest.skip("MKL's packing asked for, or no oneDNN packing in this torch")
     assert layers.packed_rows(False) == (1, 4096)
     lin = _filled(32, 48, True)
@@ -82,7 +82,7 @@ def test_switched_off_by_environment(monkeypatch):
 def test_prepack_packs_every_float32_linear_at_load_and_the_results_are_the_same():
     """``prepack_linears`` (the engine core calls it at load on the CPU) packs each weight
     the way the first forward would have, so that forward is no slower and no different."""
-    if not (layers._onednn_packing() or cpu_mkl.usable()):
+    if not (layers.onednn_packing() or cpu_mkl.usable()):
         pytest.skip("this torch build packs no weights")
     model = torch.nn.Sequential(_filled(32, 48, True, seed=1), _filled(48, 16, False, seed=2))
     reduced = _filled(32, 8, False, seed=3)
