@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from engine.core.config import (
-    QUANTIZATIONS, check_block_size, check_fair_ratio, check_n_sharing, check_scheduling_policy,
+    KV_CACHE_DTYPES, QUANTIZATIONS, check_block_size, check_fair_ratio, check_n_sharing, check_scheduling_policy,
 )
 from engine.core.errors import ConfigError
 from engine.core.hashing import DEFAULT_HASH_ALGO, HASH_ALGOS
@@ -41,6 +41,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     device: str = "auto"
     dtype: str = "auto"
+    # the KV cache's dtype, as vLLM's --kv-cache-dtype: "auto" (the model's), "float32" or, on
+    # the CPU, "bfloat16" (half the bytes a block and a decode step read)
+    kv_cache_dtype: str = "auto"
     quantization: str | None = None  # "int8" / "w8a8" (CPU; engine/core/config.py QUANTIZATIONS)
     num_threads: int | None = None  # CPU torch threads; None: engine/cpu_threads.py decides
     attention_backend: str = "auto"
@@ -77,6 +80,8 @@ class EngineConfig:
             raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ConfigError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"num_threads must be a positive integer, got {self.num_threads!r}")
         if self.quantization not in (None, *QUANTIZATIONS):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from engine.core.config import QUANTIZATIONS
+from engine.core.config import KV_CACHE_DTYPES, QUANTIZATIONS
 from engine.core.hashing import DEFAULT_HASH_ALGO, HASH_ALGOS
 
 
@@ -45,7 +45,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "cannot set a light one's pace (0 = off; serve's default: 2)")
     g.add_argument("--device", default="auto")
     g.add_argument("--dtype", default="auto",
-                   help="auto, float32, bfloat16 (on the CPU: bf16 weights, float32 compute), float16")
+                   help="auto, float32, bfloat16 (on the CPU: bf16 weights; batches of 2+ rows multiplied in "
+                        "bf16 where the CPU has AMX or AVX512-BF16, float32 otherwise), float16")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                   help="the KV cache's dtype (vLLM's option): auto = the model's; bfloat16 on the CPU halves "
+                        "a block's bytes (so twice the blocks in a memory budget)")
     g.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
                    help="int8: weight-only int8 linears with float32 compute; w8a8: int8 weights and "
                         "int8-rounded inputs, VNNI dot products at batch 1 (CPU; not the default)")

@@ -1,5 +1,7 @@
 // Paged decode attention for the CPU, float32: one query token per sequence attends to
-// its whole context straight out of the paged K/V cache, with no gathered copy.
+// its whole context straight out of the paged K/V cache, with no gathered copy. The cache
+// may also be bfloat16 (kv_cache_dtype="bfloat16": half the bytes a step reads); its rows
+// widen exactly to float32 as they are read, and write_kv rounds new rows to nearest even.
 //
 // The torch path (kernels/torch_paged.py) gathers every decode's blocks into a
 // contiguous [D, L, kvh, hd] copy per layer and calls SDPA on it; at 64 sequences that
@@ -25,11 +27,15 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_bf16.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 namespace {
+
+using namespace kvscope_bf16;
 
 // Calls fn(slot pointer offset, position) for the L token slots of one sequence, block by
 // block (slot = block * bs + offset, in units of one token row).
@@ -48,22 +54,23 @@ inline void for_each_slot(const int32_t* table, int64_t L, int64_t bs, Fn&& fn) 
 extern "C" __m512 Sleef_expf16_u10(__m512);
 namespace {
 
+
 // One query head against one sequence's context: q and the running output stay in
 // registers (NV = head_dim / 16 vectors). scores is scratch for L floats.
-template <int NV>
-void attend_head_avx512(const float* q, const float* kc, const float* vc, int64_t row_stride,
+template <int NV, typename TC>
+void attend_head_avx512(const float* q, const TC* kc, const TC* vc, int64_t row_stride,
                         const int32_t* table, int64_t L, int64_t bs, float scale, float* scores,
                         float* out) {
   __m512 qv[NV];
   for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
   float mx = -std::numeric_limits<float>::infinity();
   for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
-    const float* k = kc + slot * row_stride;
-    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
-    __m512 b = NV > 1 ? _mm512_mul_ps(qv[1], _mm512_loadu_ps(k + 16)) : _mm512_setzero_ps();
+    const TC* k = kc + slot * row_stride;
+    __m512 a = _mm512_mul_ps(qv[0], load16(k));
+    __m512 b = NV > 1 ? _mm512_mul_ps(qv[1], load16(k + 16)) : _mm512_setzero_ps();
     for (int i = 2; i < NV; i += 2) {
-      a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + 16 * i), a);
-      if (i + 1 < NV) b = _mm512_fmadd_ps(qv[i + 1], _mm512_loadu_ps(k + 16 * (i + 1)), b);
+      a = _mm512_fmadd_ps(qv[i], load16(k + 16 * i), a);
+      if (i + 1 < NV) b = _mm512_fmadd_ps(qv[i + 1], load16(k + 16 * (i + 1)), b);
     }
     const float sc = _mm512_reduce_add_ps(_mm512_add_ps(a, b)) * scale;
     scores[p] = sc;
@@ -88,9 +95,9 @@ void attend_head_avx512(const float* q, const float* kc, const float* vc, int64_
   __m512 acc[NV];
   for (int i = 0; i < NV; ++i) acc[i] = _mm512_setzero_ps();
   for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
-    const float* v = vc + slot * row_stride;
+    const TC* v = vc + slot * row_stride;
     const __m512 w = _mm512_set1_ps(scores[p]);
-    for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * i), acc[i]);
+    for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(w, load16(v + 16 * i), acc[i]);
   });
   const __m512 invv = _mm512_set1_ps(inv);
   for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], invv));
@@ -98,14 +105,15 @@ void attend_head_avx512(const float* q, const float* kc, const float* vc, int64_
 #endif
 
 // The same for any head_dim and CPU, in plain loops.
-void attend_head_scalar(const float* q, const float* kc, const float* vc, int64_t row_stride,
+template <typename TC>
+void attend_head_scalar(const float* q, const TC* kc, const TC* vc, int64_t row_stride,
                         const int32_t* table, int64_t L, int64_t bs, int64_t hd, float scale,
                         float* scores, float* out) {
   float mx = -std::numeric_limits<float>::infinity();
   for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
-    const float* k = kc + slot * row_stride;
+    const TC* k = kc + slot * row_stride;
     float total = 0.f;
-    for (int64_t i = 0; i < hd; ++i) total += q[i] * k[i];
+    for (int64_t i = 0; i < hd; ++i) total += q[i] * widen(k[i]);
     scores[p] = total * scale;
     mx = std::max(mx, scores[p]);
   });
@@ -114,15 +122,29 @@ void attend_head_scalar(const float* q, const float* kc, const float* vc, int64_
   const float inv = 1.f / sum;
   std::fill(out, out + hd, 0.f);
   for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
-    const float* v = vc + slot * row_stride;
-    for (int64_t i = 0; i < hd; ++i) out[i] += scores[p] * v[i];
+    const TC* v = vc + slot * row_stride;
+    for (int64_t i = 0; i < hd; ++i) out[i] += scores[p] * widen(v[i]);
   });
   for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
 }
 
 }  // namespace
 
-// query [T, H, hd] f32; key_cache / value_cache [NB, bs, kvh, hd] f32; rows int64 [D]
+void check_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
+  const auto dt = key_cache.scalar_type();
+  TORCH_CHECK(key_cache.dim() == 4 && (dt == at::kFloat || dt == at::kBFloat16) && key_cache.is_contiguous() &&
+                  value_cache.sizes() == key_cache.sizes() && value_cache.scalar_type() == dt &&
+                  value_cache.is_contiguous() && key_cache.device().is_cpu() && value_cache.device().is_cpu(),
+              "key_cache and value_cache must be contiguous CPU float32 or bfloat16 (both the same) "
+              "[num_blocks, block_size, kv_heads, head_dim]");
+}
+
+template <typename TC>
+void decode_loop(const at::Tensor& query, const TC* kc, const TC* vc, const int64_t* row, const int32_t* tables,
+                 const int32_t* lens, int64_t positions, int64_t D, int64_t max_blocks, int64_t bs, int64_t kvh,
+                 double scale, at::Tensor& out);
+
+// query [T, H, hd] f32; key_cache / value_cache [NB, bs, kvh, hd] f32 or bf16; rows int64 [D]
 // (query row of each decode); block_tables int32 [D, max_blocks]; seq_lens int32 [D]
 // (context length including the new token); out [T, H, hd] f32, rows written in place.
 void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache,
@@ -132,10 +154,7 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1 &&
                   query.stride(1) == query.size(2),
               "query must be float32 [T, heads, head_dim] with contiguous heads (any row stride)");
-  TORCH_CHECK(key_cache.dim() == 4 && key_cache.scalar_type() == at::kFloat && key_cache.is_contiguous() &&
-                  value_cache.sizes() == key_cache.sizes() && value_cache.scalar_type() == at::kFloat &&
-                  value_cache.is_contiguous(),
-              "key_cache and value_cache must be contiguous float32 [num_blocks, block_size, kv_heads, head_dim]");
+  check_caches(key_cache, value_cache);
   TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == at::kFloat && out.stride(2) == 1 &&
                   out.stride(1) == out.size(2),
               "out must be float32 shaped like query, with contiguous heads");
@@ -151,7 +170,7 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
   const int64_t NB = key_cache.size(0), bs = key_cache.size(1), kvh = key_cache.size(2);
   TORCH_CHECK(key_cache.size(3) == hd, "head_dim of query and cache differ");
   TORCH_CHECK(H % kvh == 0, "heads must be a multiple of kv_heads");
-  const int64_t G = H / kvh, D = rows.size(0), max_blocks = block_tables.size(1);
+  const int64_t D = rows.size(0), max_blocks = block_tables.size(1);
   const int64_t* row = rows.data_ptr<int64_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -165,9 +184,21 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
       TORCH_CHECK(tables[d * max_blocks + b] >= 0 && tables[d * max_blocks + b] < NB, "block_tables[", d, ", ",
                   b, "] is not a block of the cache");
   }
+  if (key_cache.scalar_type() == at::kBFloat16)
+    decode_loop(query, key_cache.data_ptr<at::BFloat16>(), value_cache.data_ptr<at::BFloat16>(), row, tables, lens,
+                positions, D, max_blocks, bs, kvh, scale, out);
+  else
+    decode_loop(query, key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), row, tables, lens, positions, D,
+                max_blocks, bs, kvh, scale, out);
+}
+
+// The decodes' (sequence, head) tasks over a cache of TC (float or bf16).
+template <typename TC>
+void decode_loop(const at::Tensor& query, const TC* kc, const TC* vc, const int64_t* row, const int32_t* tables,
+                 const int32_t* lens, int64_t positions, int64_t D, int64_t max_blocks, int64_t bs, int64_t kvh,
+                 double scale, at::Tensor& out) {
+  const int64_t H = query.size(1), hd = query.size(2), G = H / kvh;
   const float* q = query.data_ptr<float>();
-  const float* kc = key_cache.data_ptr<float>();
-  const float* vc = value_cache.data_ptr<float>();
   float* o = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   const int64_t row_stride = kvh * hd;  // between token slots of one block
@@ -187,8 +218,8 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
       scores.resize(static_cast<size_t>(L));
       const float* qh = q + row[d] * q_row + h * hd;
       float* oh = o + row[d] * o_row + h * hd;
-      const float* kh = kc + (h / G) * hd;  // this head's kv head in every token row
-      const float* vh = vc + (h / G) * hd;
+      const TC* kh = kc + (h / G) * hd;  // this head's kv head in every token row
+      const TC* vh = vc + (h / G) * hd;
       const int32_t* table = tables + d * max_blocks;
 #if defined(__AVX512F__)
       switch (hd) {  // head_dim / 16 vectors in registers
@@ -210,10 +241,7 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
 // their ~30 us of dispatch each per layer at 64 rows.
 void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache, at::Tensor& value_cache,
               const at::Tensor& slots) {
-  TORCH_CHECK(key_cache.dim() == 4 && key_cache.scalar_type() == at::kFloat && key_cache.is_contiguous() &&
-                  value_cache.sizes() == key_cache.sizes() && value_cache.scalar_type() == at::kFloat &&
-                  value_cache.is_contiguous() && key_cache.device().is_cpu() && value_cache.device().is_cpu(),
-              "the caches must be contiguous float32 CPU [num_blocks, block_size, kv_heads, head_dim]");
+  check_caches(key_cache, value_cache);
   const int64_t n_slots = key_cache.size(0) * key_cache.size(1), kvh = key_cache.size(2), hd = key_cache.size(3);
   TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.device().is_cpu(),
               "slots must be contiguous int64 [T]");
@@ -228,9 +256,27 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_ca
   const int64_t row = kvh * hd;
   const float* k = key.data_ptr<float>();
   const float* v = value.data_ptr<float>();
+  const int64_t lk = key.stride(0), lv = value.stride(0);
+  if (key_cache.scalar_type() == at::kBFloat16) {  // rounded to nearest even, as torch's .to(bfloat16)
+    bf16* kc = reinterpret_cast<bf16*>(key_cache.data_ptr());
+    bf16* vc = reinterpret_cast<bf16*>(value_cache.data_ptr());
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= row; i += 16) {
+        store16(kc + s[t] * row + i, _mm512_loadu_ps(k + t * lk + i));
+        store16(vc + s[t] * row + i, _mm512_loadu_ps(v + t * lv + i));
+      }
+#endif
+      for (; i < row; ++i) {
+        kc[s[t] * row + i] = bf16(k[t * lk + i]);
+        vc[s[t] * row + i] = bf16(v[t * lv + i]);
+      }
+    }
+    return;
+  }
   float* kc = key_cache.data_ptr<float>();
   float* vc = value_cache.data_ptr<float>();
-  const int64_t lk = key.stride(0), lv = value.stride(0);
   for (int64_t t = 0; t < T; ++t) {
     std::memcpy(kc + s[t] * row, k + t * lk, sizeof(float) * row);
     std::memcpy(vc + s[t] * row, v + t * lv, sizeof(float) * row);
@@ -244,6 +290,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv", &write_kv, "key / value [T, kv_heads, head_dim] into their slots of the paged caches",
         py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention", &paged_decode_attention,
-        "one query token per sequence attends over its paged K/V context (float32), into out's rows",
+        "one query token per sequence attends over its paged K/V context (float32 or bf16 cache), into out's rows",
         py::call_guard<py::gil_scoped_release>());
 }

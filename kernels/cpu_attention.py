@@ -30,12 +30,15 @@ def _rows_ok(t: torch.Tensor) -> bool:
 
 
 def _caches_ok(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
-    return (key_cache.dtype == torch.float32 and value_cache.dtype == torch.float32
+    """Contiguous caches, both float32 or both bfloat16 (kv_cache_dtype="bfloat16")."""
+    dtype = key_cache.dtype
+    return ((dtype == torch.float32 or dtype == torch.bfloat16) and value_cache.dtype == dtype
             and key_cache.is_contiguous() and value_cache.is_contiguous())
 
 
 def can_run(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
-    """The kernel's inputs: float32 CPU tensors, heads contiguous in each query row."""
+    """The kernel's inputs: float32 CPU queries with heads contiguous in each row, caches
+    of float32 or bfloat16."""
     return _rows_ok(query) and _caches_ok(key_cache, value_cache)
 
 
@@ -47,7 +50,8 @@ def can_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, v
 
 def write_kv(key, value, key_cache, value_cache, slots) -> None:
     """Copy key / value [T, kv_heads, head_dim] into cache slots ``slots`` (int64 [T], all
-    valid); bitwise ``reshape_and_cache_ref``, in one call instead of two ``index_copy_``."""
+    valid); bitwise ``reshape_and_cache_ref`` (a bfloat16 cache's rows rounded as torch's
+    ``.to``), in one call instead of two ``index_copy_``."""
     extension().write_kv(key, value, key_cache, value_cache, slots)
 
 

@@ -84,11 +84,16 @@ def build_directory(name: str) -> str:
     return str(path)
 
 
+HEADERS = ("cpu_bf16.h",)  # kernels/ headers the sources include: part of every build's fingerprint
+
+
 def fingerprint(source: Path, flags: list[str]) -> str:
     """What a build depends on: the source, the flags, the compiler, torch and Python."""
     import torch
 
     h = hashlib.sha256(source.read_bytes())
+    for header in HEADERS:  # what the sources #include from kernels/
+        h.update(source.with_name(header).read_bytes())
     h.update(json.dumps([flags, envs.CXX.get(), torch.__version__, sys.version]).encode())
     return h.hexdigest()
 

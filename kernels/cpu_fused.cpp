@@ -21,11 +21,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include <c10/util/BFloat16.h>
-
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
+
+#include "cpu_bf16.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -48,30 +47,7 @@ void check_rows(const at::Tensor& t, const char* name, bool bf16_too = false) {
               bf16_too ? "float32 or bfloat16" : "float32", " CPU matrix with contiguous rows");
 }
 
-using bf16 = c10::BFloat16;
-inline float widen(float v) { return v; }
-inline float widen(bf16 v) { return static_cast<float>(v); }  // exact
-template <typename T>
-inline T narrow(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return bf16(v);  // round to nearest even, as torch's .to(torch.bfloat16)
-}
-
-#if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const bf16* p) {  // bf16 bits are a float's high half
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(bf16* p, __m512 v) {  // c10's round_to_nearest_even, 16 at a time
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));  // NaN
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
-}
-#endif
+using namespace kvscope_bf16;
 
 // f(in_type{}, out_type{}) for the (float32 | bfloat16) pair of two tensors
 template <typename F>

@@ -29,6 +29,8 @@ N_SHARING_MODES = ("cow", "prefix_cache")
 # each linear's input to int8 per group of 32 for VNNI integer dot products at batch 1
 # (llama.cpp's Q8 activations; "int8" on a CPU without AVX512-VNNI).
 QUANTIZATIONS = ("int8", "w8a8")
+# the KV cache's dtypes (EngineConfig.kv_cache_dtype, vLLM's --kv-cache-dtype): "auto" is the model's
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 
 # The order the scheduler serves requests in (SchedulerConfig.policy). "fcfs" is vLLM's
 # default: running requests, then waiting ones, by arrival; under block pressure the

@@ -48,12 +48,12 @@ def rebuilt(old: EngineCore, options: dict[str, Any]) -> EngineCore:
 
     Refused: a pool bigger than the operator's, in bytes or in blocks (block_size 1 made
     2M blocks and blocked the engine for 19 s), and a scheduler wider than the operator's."""
-    from engine.engine_core.startup import build_engine_core
+    from engine.engine_core.startup import build_engine_core, resolve_kv_cache_dtype
 
     bounds = old.restart_limits
     cfg = dataclasses.replace(old.config, **options)
     loaded = old.loaded
-    per_block = loaded.spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
+    per_block = loaded.spec.kv_bytes_per_block(cfg.block_size, resolve_kv_cache_dtype(cfg.kv_cache_dtype, loaded))
     most = min(bounds.num_blocks, bounds.pool_bytes // per_block)  # blocks of this size the operator allows
     if cfg.num_kv_blocks is None:  # "the default" is what the operator's budget holds, never more
         cfg = dataclasses.replace(cfg, num_kv_blocks=most)

@@ -95,6 +95,19 @@ def default_cpu_blocks(per_block: int, block_size: int, max_model_len: int, max_
     return min(DEFAULT_CPU_KV_BYTES // per_block, max_num_seqs * -(-max_model_len // block_size))
 
 
+def resolve_kv_cache_dtype(kv_cache_dtype: str, loaded: LoadedModel) -> torch.dtype:
+    """The KV cache's torch dtype: "auto" is the model's (as vLLM's); another dtype only on
+    the CPU, whose attention reads a bfloat16 cache into float32 (kernels/cpu_attention.cpp,
+    kernels/torch_paged.py). CUDA's kernels take the model's dtype only: a ConfigError."""
+    if kv_cache_dtype == "auto":
+        return loaded.dtype
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[kv_cache_dtype]
+    if dtype != loaded.dtype and loaded.device.type != "cpu":
+        raise ConfigError(f"kv_cache_dtype={kv_cache_dtype!r} differs from the model's {loaded.dtype}: "
+                          "on CUDA the KV cache takes the model's dtype (use auto)")
+    return dtype
+
+
 def build_engine_core(cfg: EngineConfig, loaded: LoadedModel | None = None) -> EngineCore:
     """The core for ``cfg`` (on ``loaded`` weights when given, e.g. for a restart).
 
@@ -121,7 +134,8 @@ def build_engine_core(cfg: EngineConfig, loaded: LoadedModel | None = None) -> E
                             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                             max_waiting=cfg.max_waiting, n_sharing=cfg.n_sharing,
                             policy=cfg.scheduling_policy, fair_ratio=cfg.fair_ratio)
-    per_block = spec.kv_bytes_per_block(cfg.block_size, loaded.dtype)
+    kv_dtype = resolve_kv_cache_dtype(cfg.kv_cache_dtype, loaded)
+    per_block = spec.kv_bytes_per_block(cfg.block_size, kv_dtype)
     if cfg.num_kv_blocks is not None:
         num_blocks, source = cfg.num_kv_blocks, "num_kv_blocks"
     elif cfg.kv_cache_memory is not None:
@@ -143,7 +157,7 @@ def build_engine_core(cfg: EngineConfig, loaded: LoadedModel | None = None) -> E
                         prefix_caching_hash_algo=cfg.prefix_caching_hash_algo)
     scheduler = Scheduler(sched, cache, EventLog(enabled=cfg.enable_events))  # checks capacity
     backend = select_backend(cfg.attention_backend, device)
-    runner = ModelRunner(loaded, num_blocks, cfg.block_size, backend)
+    runner = ModelRunner(loaded, num_blocks, cfg.block_size, backend, kv_dtype)
     if device.type == "cpu":
         prepack_linears(loaded.model)  # at load, not on the first request's TTFT
     logger.info(

@@ -31,16 +31,17 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int,
-                 backend: AttentionBackend) -> None:
+                 backend: AttentionBackend, kv_dtype: torch.dtype | None = None) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.device = loaded.device
         self.backend = backend
         self.block_size = block_size
         spec = loaded.spec
-        # per layer: ([num_blocks, block_size, num_kv_heads, head_dim],) * 2
+        # per layer: ([num_blocks, block_size, num_kv_heads, head_dim],) * 2, of the model's
+        # dtype or ``kv_dtype`` (EngineConfig.kv_cache_dtype)
         self.kv_caches = allocate_kv_caches(spec.num_layers, num_blocks, block_size,
-                                            spec.num_kv_heads, spec.head_dim, loaded.dtype,
+                                            spec.num_kv_heads, spec.head_dim, kv_dtype or loaded.dtype,
                                             self.device)
         self.requests: dict[str, RowSampling] = {}  # per request id: its sampling state
 

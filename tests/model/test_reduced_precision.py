@@ -120,3 +120,43 @@ def test_weight_format_resolution():
     with pytest.raises(ConfigError, match="quantization"):
         EngineConfig(quantization="int4")
     assert EngineConfig().quantization is None
+
+
+def test_a_bf16_kv_cache_holds_twice_the_blocks_and_generates_as_float32(monkeypatch):
+    """kv_cache_dtype="bfloat16" (vLLM's --kv-cache-dtype): the cache is bf16, a memory
+    budget holds twice the blocks, the decode kernel and the torch fallback read it alike,
+    and greedy tokens stay those of the float32 cache on the tiny model."""
+    from kernels import cpu_attention
+
+    path = str(tiny_model_dir("llama"))
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 5]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    runs = {}
+    for kv in ("auto", "bfloat16", "float32"):
+        llm = LLM(path, device="cpu", kv_cache_memory=1 << 20, max_model_len=128, block_size=4, kv_cache_dtype=kv)
+        core = llm.engine.engine_core
+        runs[kv] = (core.scheduler.cache_config.num_blocks, core.runner.kv_caches[0][0].dtype,
+                    [o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+        assert llm.engine.describe()["kv_cache_dtype"] == kv
+    assert runs["auto"][1] == runs["float32"][1] == torch.float32 and runs["bfloat16"][1] == torch.bfloat16
+    assert runs["bfloat16"][0] == 2 * runs["auto"][0] and runs["float32"][0] == runs["auto"][0]
+    assert runs["bfloat16"][2] == runs["auto"][2] == runs["float32"][2]
+    monkeypatch.setattr(cpu_attention.KERNELS, "on", False)  # the torch paths read it too
+    llm = LLM(path, device="cpu", kv_cache_memory=1 << 20, max_model_len=128, block_size=4, kv_cache_dtype="bfloat16")
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == runs["bfloat16"][2]
+
+
+def test_kv_cache_dtype_is_checked():
+    from types import SimpleNamespace
+
+    from engine.engine_core.startup import resolve_kv_cache_dtype
+
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        EngineConfig(kv_cache_dtype="fp8")
+    cuda_bf16 = SimpleNamespace(dtype=torch.bfloat16, device=torch.device("cuda"))
+    assert resolve_kv_cache_dtype("auto", cuda_bf16) == torch.bfloat16
+    assert resolve_kv_cache_dtype("bfloat16", cuda_bf16) == torch.bfloat16
+    with pytest.raises(ConfigError, match="on CUDA the KV cache takes the model's dtype"):
+        resolve_kv_cache_dtype("float32", cuda_bf16)
+    cpu = SimpleNamespace(dtype=torch.float32, device=torch.device("cpu"))
+    assert resolve_kv_cache_dtype("bfloat16", cpu) == torch.bfloat16

@@ -87,16 +87,42 @@ def test_the_cpu_backend_plans_for_the_kernel_unless_turned_off(monkeypatch):
     assert select_backend("torch", "cpu").decode_kernel is False
 
 
+@pytest.mark.parametrize("head_dim", [64, 24])  # the AVX-512 path and the scalar loop
+@pytest.mark.parametrize("seed", range(4))
+def test_kernel_on_a_bf16_cache_is_the_kernel_on_its_widened_copy(seed, head_dim):
+    """kv_cache_dtype="bfloat16": the kernel widens each row exactly, so on the AVX-512 path
+    (explicit vector ops) its answer is bitwise the float32 kernel's on the same values; the
+    scalar loop (which the compiler may contract differently) and the torch fallback agree
+    to float32 rounding."""
+    block_size = (4, 16)[seed % 2]
+    query, kc, vc, tables, lens, starts = _ragged_batch(seed, block_size, 3, 3, head_dim)
+    kb, vb = kc.bfloat16(), vc.bfloat16()
+    assert cpu_attention.can_run(query, kb, vb) and not cpu_attention.can_run(query, kb, vc)
+    plan = build_plan(tables, lens, starts, block_size, decode_kernel=True)
+    assert plan.kernel_decodes is not None
+    want = paged_attention_fast(query, kb.float(), vb.float(), tables, lens, starts, scale=0.25, plan=plan)
+    got = paged_attention_fast(query, kb, vb, tables, lens, starts, scale=0.25, plan=plan)
+    if head_dim == 64 and torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    torch_plan = build_plan(tables, lens, starts, block_size, decode_kernel=False)
+    fallback = paged_attention_fast(query, kb, vb, tables, lens, starts, scale=0.25, plan=torch_plan)
+    torch.testing.assert_close(fallback, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size,kv_heads,head_dim", [(1, 1, 16), (4, 3, 64), (16, 2, 24)])
-def test_write_kv_is_the_reference_cache_write_bitwise(block_size, kv_heads, head_dim):
+def test_write_kv_is_the_reference_cache_write_bitwise(block_size, kv_heads, head_dim, cache_dtype):
     from kernels.reference import reshape_and_cache_ref
     from kernels.torch_paged import reshape_and_cache_fast
 
     g = torch.Generator().manual_seed(block_size * 100 + head_dim)
     num_blocks, T = 12, 9
-    caches = [torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g) for _ in range(2)]
+    caches = [torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(cache_dtype)
+              for _ in range(2)]
     # key and value as the model hands them: strided views of one fused projection row
-    fused = torch.randn(T, 3 * kv_heads + 1, head_dim, generator=g)
+    # (a bf16 cache's rows rounded to nearest even, ties and all: scaled so some land on them)
+    fused = torch.randn(T, 3 * kv_heads + 1, head_dim, generator=g) * 1000
     key, value = fused[:, :kv_heads], fused[:, 2 * kv_heads:3 * kv_heads]
     slots = torch.randperm(num_blocks * block_size, generator=g)[:T]
     assert cpu_attention.can_write(key, value, *caches)

@@ -84,12 +84,12 @@ def _bf16_reference(wb: C.BF16Weight, x: torch.Tensor, b: torch.Tensor | None) -
 
 def _assert_bf16_close(wb: C.BF16Weight, x: torch.Tensor, got: torch.Tensor, b: torch.Tensor | None) -> None:
     """``got`` is ``_bf16_reference``'s answer. oneDNN's float32 sum and float64's may round
-    to neighbouring bfloat16 values, one unit in the last place: 2^-8 of the sum at most
-    (so it is compared before the bias)."""
+    to neighbouring bfloat16 values, one unit in the last place: 2^-7 of the sum at most
+    (at the bottom of a binade; so it is compared before the bias)."""
     want = _bf16_reference(wb, x, None)
     if b is not None:
         got = got - b
-    tol = dict(rtol=2 ** -8, atol=1e-5) if _onednn_rows(wb, x) else dict(rtol=1e-5, atol=1e-5)
+    tol = dict(rtol=2 ** -7, atol=1e-5) if _onednn_rows(wb, x) else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, want, **tol)
 
 
@@ -102,8 +102,9 @@ def test_bf16_linear_matches_its_widened_weight(ext, rows, k, onednn):
         pytest.skip("this CPU or torch has no native bf16 oneDNN matmul")
     if not onednn:
         wb = C.BF16Weight(wb.w)  # the float32 paths: the kernel, then F.linear on the widened weight
-    x = torch.randn(rows, k)
-    b = torch.randn(50)
+    g = torch.Generator().manual_seed(rows * 100 + k)
+    x = torch.randn(rows, k, generator=g)
+    b = torch.randn(50, generator=g)
     _assert_bf16_close(wb, x, wb.linear(x, b), b)
     assert wb.nbytes == 50 * k * 2
 

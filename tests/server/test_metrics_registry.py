@@ -220,3 +220,11 @@ def test_nothing_token_shaped_before_the_engine_is_loaded():
     s = samples(reg)
     assert not s.named("vllm:request_prompt_tokens_count") and not s.named("vllm:cache_config_info")
     assert s.get("vllm:num_requests_running") == 0 and math.isfinite(s.get("vllm:prompt_tokens_total"))
+
+
+def test_cache_config_info_names_the_configured_kv_cache_dtype():
+    from engine.server.metrics.cache_config import cache_config_labels
+
+    base = {"block_size": 16, "num_blocks": 10, "max_model_len": 64}
+    assert cache_config_labels(base)["cache_dtype"] == "auto"
+    assert cache_config_labels({**base, "kv_cache_dtype": "bfloat16"})["cache_dtype"] == "bfloat16"

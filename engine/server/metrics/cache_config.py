@@ -63,8 +63,8 @@ def cache_config_labels(config: dict[str, Any]) -> dict[str, str]:
         # kvscope never derives the block size from an attention backend: it is the configured one
         "user_specified_block_size": True,
         "_block_size_resolved": True,
-        # The KV cache always has the model's dtype: vLLM's "auto".
-        "cache_dtype": "auto",
+        # vLLM's --kv-cache-dtype as configured ("auto": the model's dtype)
+        "cache_dtype": config.get("kv_cache_dtype", "auto"),
         "gpu_memory_utilization": config.get("gpu_memory_utilization"),
         "num_gpu_blocks_override": config.get("num_kv_blocks"),
         "enable_prefix_caching": bool(config.get("enable_prefix_caching", True)),
