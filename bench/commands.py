@@ -106,8 +106,9 @@ def _against_vllm(args: argparse.Namespace) -> int:
     from bench import vllm_compare
     from bench.readme_block import update_readme
 
-    res = vllm_compare.run_and_report(vllm_compare.options(args), args.vllm_json, args.results)
-    if args.vllm_json and args.vllm_json == str(vllm_compare.JSON):
+    json_path = vllm_compare.json_path(args)
+    res = vllm_compare.run_and_report(vllm_compare.options(args), json_path, args.results)
+    if json_path in (str(vllm_compare.JSON), str(vllm_compare.JSON_BF16)):
         update_readme()
     missed = [f"concurrency {r['concurrency']}: {r['ratio']:.2f}x < {r['goal']}x"
               for r in res["rows"] if r["met"] is False]

@@ -1,5 +1,6 @@
 """The README's benchmark paragraph, generated from ``bench/results_cpu.json`` (and
-``bench/results_vllm.json``, ``kvscope bench --baseline vllm``'s, when it exists).
+``bench/results_vllm.json`` and ``results_vllm_bfloat16.json``, ``kvscope bench --baseline
+vllm``'s in float32 and with ``--dtype bfloat16``, where they exist).
 
 The figures in README.md sit between two markers and are rewritten from the JSON by
 ``kvscope bench --update-readme`` (and after every full ``kvscope bench``), so they
@@ -17,6 +18,7 @@ END = "<!-- bench-summary:end -->"
 ROOT = Path(__file__).resolve().parent.parent
 JSON = ROOT / "bench" / "results_cpu.json"
 VLLM_JSON = ROOT / "bench" / "results_vllm.json"  # `kvscope bench --baseline vllm`'s, when run
+VLLM_BF16_JSON = VLLM_JSON.with_name("results_vllm_bfloat16.json")  # the same with --dtype bfloat16
 README = ROOT / "README.md"
 
 
@@ -64,9 +66,13 @@ def render(results: dict) -> str:
 
 
 def render_vllm(res: dict) -> str:
-    """The row against vLLM's CPU build, every figure from ``bench/results_vllm.json``."""
+    """The row against vLLM's CPU build, every figure from its JSON (float32 or bfloat16)."""
     o = res["options"]
     ratios = ", ".join(f"{_x(r['ratio'])} at concurrency {r['concurrency']}" for r in res["rows"])
+    if o.get("dtype", "float32") != "float32":
+        return (f"In {o['dtype']} on both sides (vLLM's own default for this float32 model on an x86 CPU; "
+                f"`kvscope bench --baseline vllm --dtype {o['dtype']}`, run of {res['machine']['date']}, "
+                f"the same requests and threads), kvscope's output throughput is {ratios}.")
     return (f"Against vLLM's own CPU build ({res['vllm']}, `kvscope bench --baseline vllm`, run of "
             f"{res['machine']['date']}, {o['threads']} CPU thread{'s' if o['threads'] != 1 else ''} "
             f"each, through both OpenAI servers, prompts of {o['prompt_tokens']} tokens and "
@@ -75,8 +81,8 @@ def render_vllm(res: dict) -> str:
             + f"), kvscope's output throughput is {ratios}.")
 
 
-def block(results: dict, vllm: dict | None = None) -> str:
-    text = render(results) + ("\n\n" + render_vllm(vllm) if vllm else "")
+def block(results: dict, vllm: dict | None = None, vllm_bf16: dict | None = None) -> str:
+    text = render(results) + "".join("\n\n" + render_vllm(v) for v in (vllm, vllm_bf16) if v)
     return f"{BEGIN}\n{text}\n{END}"
 
 
@@ -91,13 +97,15 @@ def readme_block(text: str) -> str | None:
     return BEGIN + text.split(BEGIN, 1)[1].split(END, 1)[0] + END
 
 
-def update_readme(json_path: Path = JSON, readme: Path = README, vllm_json: Path = VLLM_JSON) -> bool:
-    """Rewrite the README's block from the JSON (and the vLLM comparison's, when there is
-    one); True when the text changed."""
+def update_readme(json_path: Path = JSON, readme: Path = README, vllm_json: Path = VLLM_JSON,
+                  vllm_bf16_json: Path = VLLM_BF16_JSON) -> bool:
+    """Rewrite the README's block from the JSON (and the vLLM comparisons', where they
+    exist); True when the text changed."""
     text = readme.read_text()
     old = readme_block(text)
     if old is None:
         raise ValueError(f"{readme} has no {BEGIN!r} ... {END!r} block")
-    new = block(json.loads(Path(json_path).read_text()), _vllm_results(Path(vllm_json)))
+    new = block(json.loads(Path(json_path).read_text()), _vllm_results(Path(vllm_json)),
+                _vllm_results(Path(vllm_bf16_json)))
     readme.write_text(text.replace(old, new))
     return old != new

@@ -191,7 +191,8 @@ def write_json(results: dict, path: str | Path) -> None:
 def update_results_md(markdown: str, path: str | Path, begin: str = BEGIN, end: str = END,
                       heading: str = "CPU") -> None:
     """Replace a generated block in RESULTS.md (the CPU one by default), creating the file, or
-    the block under ``## heading``, where missing (the CPU section first, others last)."""
+    the block under ``## heading``, where missing (first under that heading where it exists;
+    else the CPU section first, others last)."""
     path = Path(path)
     block = f"{begin}\n{markdown.rstrip()}\n{end}"
     text = path.read_text() if path.exists() else ""
@@ -201,6 +202,9 @@ def update_results_md(markdown: str, path: str | Path, begin: str = BEGIN, end: 
         text = head + block + tail
     elif not text.strip():
         text = f"# Benchmark results\n\n## {heading}\n\n{block}\n"
+    elif f"\n## {heading}\n" in text:  # the section exists: the block goes first under its heading
+        head, rest = text.split(f"\n## {heading}\n", 1)
+        text = f"{head}\n## {heading}\n\n{block}\n{rest}"
     elif begin == BEGIN:
         text = f"# Benchmark results\n\n## CPU\n\n{block}\n\n" + text.replace("# Benchmark results\n", "", 1)
     else:

@@ -8,7 +8,12 @@ bench/vllm_hf_dir.py) with block size 32 (vLLM's CPU attention takes no other), 
 2048 and prefix caching on, and both get the same number of CPU threads: kvscope
 ``--num-threads N``, vLLM ``VLLM_CPU_OMP_THREADS_BIND=0-(N-1)`` (its default reserves a core
 and runs 1 thread on this box). vLLM runs eager (``--enforce-eager``: what the vLLM tier
-tests; its compiled graphs take 68 s more to start).
+tests; its compiled graphs take 68 s more to start). ``--dtype bfloat16`` runs both in
+bfloat16 instead: vLLM's own default for this model on this CPU (its "auto" turns a float32
+checkpoint into bf16 on x86), all of its activations and KV cache in bf16; kvscope's bf16
+weights and GEMMs (AMX through oneDNN) and a bf16 KV cache, with float32 activations, norms
+and attention arithmetic. Their outputs then differ (each rounds in its own places), and the results go to
+their own JSON file and RESULTS.md block; the README quotes the float32 comparison.
 
 Both stay up for the whole run and take turns, never busy at once. For each concurrency,
 ``pairs`` pairs of runs alternate the servers (vLLM then kvscope, then kvscope then vLLM,
@@ -45,6 +50,8 @@ from bench.measure import loadavg, machine_info, percentile
 VOCAB_LOW, VOCAB_HIGH = 100, 49_000  # SmolLM2's ordinary tokens (its specials sit below 17)
 GOALS = {1: 1.0, 16: 1.2, 64: 1.2}  # issue 33: kvscope / vLLM output tokens/s, equal threads
 JSON = Path(__file__).resolve().parent / "results_vllm.json"
+JSON_BF16 = JSON.with_name("results_vllm_bfloat16.json")
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
@@ -57,6 +64,7 @@ class Options:
     output_tokens: int = 64
     pairs: int = 2
     seed: int = 0
+    dtype: str = "float32"  # both servers': float32 or bfloat16
 
     def num_requests(self, concurrency: int) -> int:
         return self.requests_at_1 if concurrency == 1 else self.requests
@@ -188,9 +196,10 @@ def compare(opts: Options, progress=print) -> dict:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     bind = "0" if opts.threads == 1 else f"0-{opts.threads - 1}"
     progress(f"starting vllm serve ({opts.threads} threads, VLLM_CPU_OMP_THREADS_BIND={bind}) ...")
-    with start_vllm(model_dir, events=False, env_extra={"VLLM_CPU_OMP_THREADS_BIND": bind}) as vllm:
+    with start_vllm(model_dir, events=False, env_extra={"VLLM_CPU_OMP_THREADS_BIND": bind},
+                    dtype=opts.dtype) as vllm:
         progress(f"  /health after {vllm.startup_s:.0f} s; starting kvscope serve ...")
-        with start_kvscope(extra_args=("--num-threads", str(opts.threads))) as kv:
+        with start_kvscope(extra_args=("--num-threads", str(opts.threads)), dtype=opts.dtype) as kv:
             progress(f"  ready after {kv.startup_s:.1f} s")
             return compare_servers(opts, vllm, kv, progress)
 
@@ -257,14 +266,17 @@ def _s(v: float | None) -> str:
 
 def render_markdown(res: dict) -> str:
     o = res["options"]
+    dtype = o.get("dtype", "float32")
+    command = "kvscope bench --baseline vllm" + ("" if dtype == "float32" else f" --dtype {dtype}")
     lines = [
-        f"**kvscope against vLLM's CPU build** ({res['vllm']}), `kvscope bench --baseline vllm`, "
-        f"{res['machine'].get('date', '')}: {o['threads']} CPU thread(s) each, float32, block size 32, "
+        f"**kvscope against vLLM's CPU build** ({res['vllm']}), `{command}`, "
+        f"{res['machine'].get('date', '')}: {o['threads']} CPU thread(s) each, {dtype}, block size 32, "
         f"prompts of {o['prompt_tokens']} random tokens, {o['output_tokens']} output tokens "
         f"(ignore_eos, greedy), {o['pairs']} alternating pair(s) per concurrency; load average "
         f"{res['loadavg_before']} before, {res['loadavg_after']} after. Outputs "
         + ("token-identical." if res["outputs_identical"]
-           else f"differ in {res['mismatched_requests']} request(s)."),
+           else f"differ in {res['mismatched_requests']} request(s)"
+           + ("." if dtype == "float32" else " (bf16 rounds in different places in each engine).")),
         "",
         "| concurrency | requests | vLLM out tok/s | kvscope out tok/s | kvscope / vLLM | goal | "
         "TTFT p50 vLLM / kvscope (s) | TTFT p99 vLLM / kvscope (s) | ITL p50 vLLM / kvscope (s) | "
@@ -296,7 +308,12 @@ def add_arguments(p, threads: bool = True) -> None:
     p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
     p.add_argument("--output-tokens", type=int, default=d.output_tokens)
     p.add_argument("--pairs", type=int, default=d.pairs, help="alternating pairs of runs per concurrency")
-    p.add_argument("--vllm-json", default=str(JSON), help="where to write the JSON results ('' to skip)")
+    p.add_argument("--dtype", choices=DTYPES, default=d.dtype,
+                   help="both servers' dtype: float32 (outputs token-identical), or bfloat16 (vLLM's "
+                        "own default for this model here; kvscope's bf16 weights and GEMMs)")
+    p.add_argument("--vllm-json", default=None,
+                   help=f"where to write the JSON results (default {JSON.name}, {JSON_BF16.name} for "
+                        "bfloat16; '' to skip)")
 
 
 def options(args: argparse.Namespace) -> Options:
@@ -306,7 +323,15 @@ def options(args: argparse.Namespace) -> Options:
         raise SystemExit("--concurrency, --threads and --pairs need positive integers")
     return Options(threads=threads, concurrency=conc, requests=args.requests,
                    requests_at_1=args.requests_at_1, prompt_tokens=args.prompt_tokens,
-                   output_tokens=args.output_tokens, pairs=args.pairs, seed=getattr(args, "seed", 0))
+                   output_tokens=args.output_tokens, pairs=args.pairs, seed=getattr(args, "seed", 0),
+                   dtype=args.dtype)
+
+
+def json_path(args: argparse.Namespace) -> str:
+    """``--vllm-json``, or the dtype's own file where it was not given."""
+    if args.vllm_json is not None:
+        return args.vllm_json
+    return str(JSON_BF16 if args.dtype == "bfloat16" else JSON)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)
-    run_and_report(options(args), args.vllm_json, results_md="")
+    run_and_report(options(args), json_path(args), results_md="")
     return 0
 
 
@@ -327,7 +352,8 @@ def run_and_report(opts: Options, json_path: str, results_md: str) -> dict:
     if results_md:
         from bench.report import update_results_md
 
-        update_results_md(md, results_md, BEGIN, END, heading=SECTION)
+        begin, end = markers(opts.dtype)
+        update_results_md(md, results_md, begin, end, heading=SECTION)
     print(md)
     return res
 
@@ -335,6 +361,14 @@ def run_and_report(opts: Options, json_path: str, results_md: str) -> dict:
 SECTION = "kvscope against vLLM's CPU build"
 BEGIN = "<!-- vllm-compare:begin (generated by `kvscope bench --baseline vllm`) -->"
 END = "<!-- vllm-compare:end -->"
+
+
+def markers(dtype: str) -> tuple[str, str]:
+    """The RESULTS.md block's markers: float32's, or bfloat16's own block beside it."""
+    if dtype == "float32":
+        return BEGIN, END
+    return (f"<!-- vllm-compare-{dtype}:begin (generated by `kvscope bench --baseline vllm --dtype {dtype}`) -->",
+            f"<!-- vllm-compare-{dtype}:end -->")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -190,7 +190,7 @@ def _wait_until(server: Server, ready, timeout: float, what: str) -> None:
 def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | None = None,
                events: bool = True, replay: bool = False, enforce_eager: bool = True,
                extra_args: tuple[str, ...] = (), log_dir: str | os.PathLike | None = None,
-               env_extra: dict[str, str] | None = None) -> Server:
+               env_extra: dict[str, str] | None = None, dtype: str = "float32") -> Server:
     """``vllm serve`` on a free loopback port, waited for until ``/health`` answers 200.
 
     ``events``: KV cache events on an ``ipc://`` PUB socket (a ``tcp://127.0.0.1`` endpoint
@@ -201,7 +201,8 @@ def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | N
     to /health on the 2-core box rather than 68 s compiled (measured; the issue saw 75-160 s),
     and the same kernels kvscope is
     compared with (set False to test the compiled path). ``env_extra``: more of vLLM's
-    environment (``VLLM_CPU_OMP_THREADS_BIND``, its threads).
+    environment (``VLLM_CPU_OMP_THREADS_BIND``, its threads). ``dtype``: float32 (the
+    default here), or bfloat16 (vLLM's own "auto" for this float32 model on an x86 CPU).
     /reset_prefix_cache is one of vLLM's dev endpoints, so VLLM_SERVER_DEV_MODE=1.
     """
     py = vllm_python()
@@ -212,7 +213,7 @@ def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | N
     log_path = log_dir / f"vllm-{port}.log"
     cmd = [str(py), str(HERE / "launch_vllm.py"), "serve", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_NAME,
-           "--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
+           "--dtype", dtype, "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
            "--enable-prefix-caching", "--enable-prompt-tokens-details",
            "--kv-cache-memory-bytes", str(VLLM_KV_BYTES), "--seed", "0"]
     if enforce_eager:
@@ -253,14 +254,18 @@ def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | N
 
 
 def start_kvscope(*, num_kv_blocks: int | None = None, extra_args: tuple[str, ...] = (),
-                  log_dir: str | os.PathLike | None = None, timeout: float = 300) -> Server:
+                  log_dir: str | os.PathLike | None = None, timeout: float = 300,
+                  dtype: str = "float32") -> Server:
     """``kvscope serve`` on the default model (this python: kvscope's venv), configured as the
     vLLM fixture is: block size 32, float32, max_model_len 2048, FCFS (serve's default is
-    kvscope's "fair" policy, the same as FCFS for one client), no recording."""
+    kvscope's "fair" policy, the same as FCFS for one client), no recording. ``dtype``
+    bfloat16: bf16 weights and GEMMs on the CPU (kernels/cpu_linear.py) and a bf16 KV cache,
+    as vLLM's bf16 keeps its cache."""
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kvscope-serve-"))
     log_path = log_dir / "kvscope-serve.log"
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", MODEL_NAME, "--port", "0",
-           "--block-size", str(BLOCK_SIZE), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
+           "--block-size", str(BLOCK_SIZE), "--dtype", dtype, "--kv-cache-dtype", dtype,
+           "--max-model-len", str(MAX_MODEL_LEN),
            "--scheduling-policy", "fcfs", "--no-record"]
     if num_kv_blocks is not None:
         cmd += ["--num-kv-blocks", str(num_kv_blocks)]

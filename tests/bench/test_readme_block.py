@@ -2,16 +2,19 @@
 
 import json
 
-from bench.readme_block import BEGIN, END, JSON, README, VLLM_JSON, block, readme_block, update_readme
+from bench.readme_block import (BEGIN, END, JSON, README, VLLM_BF16_JSON, VLLM_JSON, block, readme_block,
+                                update_readme)
 
 
 def test_readme_quotes_the_committed_results_exactly():
     results = json.loads(JSON.read_text())
-    vllm = json.loads(VLLM_JSON.read_text()) if VLLM_JSON.exists() else None
-    assert readme_block(README.read_text()) == block(results, vllm)
-    if vllm:  # every ratio against vLLM comes from its JSON
-        for r in vllm["rows"]:
+    vllm, bf16 = (json.loads(p.read_text()) if p.exists() else None for p in (VLLM_JSON, VLLM_BF16_JSON))
+    assert readme_block(README.read_text()) == block(results, vllm, bf16)
+    for res in (vllm, bf16):  # every ratio against vLLM comes from its JSON
+        for r in (res or {}).get("rows", []):
             assert f"{r['ratio']:.2f}x at concurrency {r['concurrency']}" in readme_block(README.read_text())
+    if bf16:
+        assert "In bfloat16 on both sides" in readme_block(README.read_text())
     text = block(results)
     for t in results["targets"]:  # every headline figure comes from the JSON
         v = t["value"]
@@ -27,7 +30,7 @@ def test_update_rewrites_only_the_block(tmp_path):
     j.write_text(json.dumps(results))
     readme = tmp_path / "README.md"
     readme.write_text(f"head\n{BEGIN}\nstale 3.8x\n{END}\ntail\n")
-    assert update_readme(j, readme, vllm_json=tmp_path / "none.json") is True
+    assert update_readme(j, readme, vllm_json=tmp_path / "none.json", vllm_bf16_json=tmp_path / "none.json") is True
     out = readme.read_text()
     assert out.startswith("head\n") and out.endswith("\ntail\n") and "9.99x" in out
-    assert "stale" not in out and update_readme(j, readme, vllm_json=tmp_path / "none.json") is False
+    assert "stale" not in out and update_readme(j, readme, vllm_json=tmp_path / "none.json", vllm_bf16_json=tmp_path / "none.json") is False
