@@ -264,9 +264,10 @@ def start_kvscope(*, num_kv_blocks: int | None = None, extra_args: tuple[str, ..
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kvscope-serve-"))
     log_path = log_dir / "kvscope-serve.log"
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", MODEL_NAME, "--port", "0",
-           "--block-size", str(BLOCK_SIZE), "--dtype", dtype, "--kv-cache-dtype", dtype,
-           "--max-model-len", str(MAX_MODEL_LEN),
+           "--block-size", str(BLOCK_SIZE), "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN),
            "--scheduling-policy", "fcfs", "--no-record"]
+    if dtype != "float32":  # as vLLM's bf16 keeps its cache (float32: the default "auto", as vLLM's label says)
+        cmd += ["--kv-cache-dtype", dtype]
     if num_kv_blocks is not None:
         cmd += ["--num-kv-blocks", str(num_kv_blocks)]
     cmd += list(extra_args)
