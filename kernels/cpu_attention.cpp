@@ -54,7 +54,6 @@ inline void for_each_slot(const int32_t* table, int64_t L, int64_t bs, Fn&& fn) 
 extern "C" __m512 Sleef_expf16_u10(__m512);
 namespace {
 
-
 // One query head against one sequence's context: q and the running output stay in
 // registers (NV = head_dim / 16 vectors). scores is scratch for L floats.
 template <int NV, typename TC>
@@ -139,10 +138,48 @@ void check_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
               "[num_blocks, block_size, kv_heads, head_dim]");
 }
 
+// The decodes' (sequence, head) tasks over a cache of TC (float or bf16).
 template <typename TC>
 void decode_loop(const at::Tensor& query, const TC* kc, const TC* vc, const int64_t* row, const int32_t* tables,
                  const int32_t* lens, int64_t positions, int64_t D, int64_t max_blocks, int64_t bs, int64_t kvh,
-                 double scale, at::Tensor& out);
+                 double scale, at::Tensor& out) {
+  const int64_t H = query.size(1), hd = query.size(2), G = H / kvh;
+  const float* q = query.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int64_t row_stride = kvh * hd;  // between token slots of one block
+  const int64_t q_row = query.stride(0), o_row = out.stride(0);
+  // One task per (sequence, query head); a sequence's heads run in one task's range
+  // when the split allows, so its K/V rows (kv_heads * head_dim floats per token slot)
+  // are read while they are still in cache.
+  // At least kMinTaskPositions (head, position) pairs a task (~25 us of work): a batch-1
+  // decode's few heads stay on the calling thread instead of paying for an OpenMP region
+  // (whose barrier waits out a partner thread that another process has descheduled).
+  constexpr int64_t kMinTaskPositions = 1 << 13;
+  const int64_t grain = std::max<int64_t>(1, kMinTaskPositions * D / std::max<int64_t>(1, positions));
+  at::parallel_for(0, D * H, grain, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t d = t / H, h = t % H, L = lens[d];
+      scores.resize(static_cast<size_t>(L));
+      const float* qh = q + row[d] * q_row + h * hd;
+      float* oh = o + row[d] * o_row + h * hd;
+      const TC* kh = kc + (h / G) * hd;  // this head's kv head in every token row
+      const TC* vh = vc + (h / G) * hd;
+      const int32_t* table = tables + d * max_blocks;
+#if defined(__AVX512F__)
+      switch (hd) {  // head_dim / 16 vectors in registers
+        case 16: attend_head_avx512<1>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
+        case 32: attend_head_avx512<2>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
+        case 64: attend_head_avx512<4>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
+        case 128: attend_head_avx512<8>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
+        default: break;
+      }
+#endif
+      attend_head_scalar(qh, kh, vh, row_stride, table, L, bs, hd, sc, scores.data(), oh);
+    }
+  });
+}
 
 // query [T, H, hd] f32; key_cache / value_cache [NB, bs, kvh, hd] f32 or bf16; rows int64 [D]
 // (query row of each decode); block_tables int32 [D, max_blocks]; seq_lens int32 [D]
@@ -190,49 +227,6 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
   else
     decode_loop(query, key_cache.data_ptr<float>(), value_cache.data_ptr<float>(), row, tables, lens, positions, D,
                 max_blocks, bs, kvh, scale, out);
-}
-
-// The decodes' (sequence, head) tasks over a cache of TC (float or bf16).
-template <typename TC>
-void decode_loop(const at::Tensor& query, const TC* kc, const TC* vc, const int64_t* row, const int32_t* tables,
-                 const int32_t* lens, int64_t positions, int64_t D, int64_t max_blocks, int64_t bs, int64_t kvh,
-                 double scale, at::Tensor& out) {
-  const int64_t H = query.size(1), hd = query.size(2), G = H / kvh;
-  const float* q = query.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
-  const int64_t row_stride = kvh * hd;  // between token slots of one block
-  const int64_t q_row = query.stride(0), o_row = out.stride(0);
-  // One task per (sequence, query head); a sequence's heads run in one task's range
-  // when the split allows, so its K/V rows (kv_heads * head_dim floats per token slot)
-  // are read while they are still in cache.
-  // At least kMinTaskPositions (head, position) pairs a task (~25 us of work): a batch-1
-  // decode's few heads stay on the calling thread instead of paying for an OpenMP region
-  // (whose barrier waits out a partner thread that another process has descheduled).
-  constexpr int64_t kMinTaskPositions = 1 << 13;
-  const int64_t grain = std::max<int64_t>(1, kMinTaskPositions * D / std::max<int64_t>(1, positions));
-  at::parallel_for(0, D * H, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t d = t / H, h = t % H, L = lens[d];
-      scores.resize(static_cast<size_t>(L));
-      const float* qh = q + row[d] * q_row + h * hd;
-      float* oh = o + row[d] * o_row + h * hd;
-      const TC* kh = kc + (h / G) * hd;  // this head's kv head in every token row
-      const TC* vh = vc + (h / G) * hd;
-      const int32_t* table = tables + d * max_blocks;
-#if defined(__AVX512F__)
-      switch (hd) {  // head_dim / 16 vectors in registers
-        case 16: attend_head_avx512<1>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
-        case 32: attend_head_avx512<2>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
-        case 64: attend_head_avx512<4>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
-        case 128: attend_head_avx512<8>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
-        default: break;
-      }
-#endif
-      attend_head_scalar(qh, kh, vh, row_stride, table, L, bs, hd, sc, scores.data(), oh);
-    }
-  });
 }
 
 // The step's new K/V rows into their cache slots: key / value [T, kv_heads, head_dim] (each

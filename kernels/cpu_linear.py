@@ -211,12 +211,17 @@ class BF16Weight:
     def dequantize(self) -> torch.Tensor:
         return self.w.float()
 
+    def multiplies_bf16(self, rows: int) -> bool:
+        """Whether ``rows`` rows go through oneDNN in bf16 (and may come in as bf16)."""
+        return self.packed is not None and rows >= BF16_ONEDNN_MIN_ROWS
+
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``x`` float32, or bfloat16 (then so is the answer: oneDNN's own output, no
-        widening pass; the bias, if any, added in float32 before the rounding)."""
+        """``x`` float32, or bfloat16 where ``multiplies_bf16`` (then so is the answer:
+        oneDNN's own output, no widening pass; the bias, if any, added in float32 before
+        the rounding)."""
         x = x.contiguous()
         rows = x.shape[0]
-        if self.packed is not None and rows >= BF16_ONEDNN_MIN_ROWS:
+        if self.multiplies_bf16(rows):
             bf16_in = x.dtype == torch.bfloat16
             out = torch.ops.mkldnn._linear_pointwise(x if bf16_in else x.to(torch.bfloat16), self.packed,
                                                      None, "none", [None], "")
@@ -224,8 +229,6 @@ class BF16Weight:
                 return out if bf16_in else out.float()
             out = out.float().add_(bias)
             return out.to(torch.bfloat16) if bf16_in else out
-        if x.dtype == torch.bfloat16:
-            return self.linear(x.float(), bias).to(torch.bfloat16)
         if rows <= BF16_KERNEL_MAX_ROWS:
             return extension().bf16_linear(x, self.w, bias)
         w = _Scratch.get(self.shape)

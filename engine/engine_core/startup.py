@@ -101,7 +101,7 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, loaded: LoadedModel) -> torch.dt
     kernels/torch_paged.py). CUDA's kernels take the model's dtype only: a ConfigError."""
     if kv_cache_dtype == "auto":
         return loaded.dtype
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[kv_cache_dtype]
+    dtype = getattr(torch, kv_cache_dtype)  # one of KV_CACHE_DTYPES: "float32" or "bfloat16"
     if dtype != loaded.dtype and loaded.device.type != "cpu":
         raise ConfigError(f"kv_cache_dtype={kv_cache_dtype!r} differs from the model's {loaded.dtype}: "
                           "on CUDA the KV cache takes the model's dtype (use auto)")

@@ -16,7 +16,7 @@ from torch import nn
 
 from engine import envs
 from kernels import cpu_fused, cpu_mkl
-from kernels.cpu_linear import BF16_ONEDNN_MIN_ROWS, ONEDNN_BATCH_HINT, BF16Weight, onednn_packing
+from kernels.cpu_linear import ONEDNN_BATCH_HINT, BF16Weight, onednn_packing
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -308,9 +308,7 @@ class Linear(nn.Module):
         oneDNN: its input is rounded anyway, so the op before may write it as bf16, and
         it answers in bf16), else float32."""
         r = self.reduced
-        if type(r) is BF16Weight and r.packed is not None and rows >= BF16_ONEDNN_MIN_ROWS:
-            return torch.bfloat16
-        return torch.float32
+        return torch.bfloat16 if type(r) is BF16Weight and r.multiplies_bf16(rows) else torch.float32
 
     def reduce_precision(self, fmt: str) -> None:
         """Store the weight as ``fmt`` (one of REDUCED_FORMATS; kernels/cpu_linear.py)."""
