@@ -1,9 +1,11 @@
 """float32 vs the optional reduced-precision CPU weights: speed and accuracy, one process.
 
     python -m bench.weight_formats [--formats float32,bfloat16,int8] [--quick] [--json PATH]
+                                   [--kv-cache-dtype bfloat16]
 
-For each format (float32, ``dtype="bfloat16"`` and ``quantization="int8"``, both with
-float32 compute, and ``quantization="w8a8"``, inputs rounded to int8 too) on smollm2-135m:
+For each format (float32; ``dtype="bfloat16"``, whose GEMMs run in bf16 on AVX512-BF16/AMX
+from 2 rows; ``quantization="int8"``, float32 compute; ``quantization="w8a8"``, inputs
+rounded to int8 too) on smollm2-135m:
 
 - speed: the roofline units of ``kvscope bench`` (bench/roofline.py), 1/16/64-sequence
   decode and a 512-token prefill, with the ceilings measured once for all formats;
@@ -11,6 +13,8 @@ float32 compute, and ``quantization="w8a8"``, inputs rounded to int8 too) on smo
   ``mixed`` workload (max |difference|, and as a share of float32's logit range; top-1
   agreement), and greedy generation of that workload with each request's drawn output
   length (requests whose tokens equal float32's, tokens before the first divergence).
+  ``--kv-cache-dtype bfloat16`` gives every format but the float32 reference a bf16 KV
+  cache (and so bf16 prefill attention: kernels/torch_paged.py), as vLLM's bf16 runs.
 
 The formats run one after the other (load average printed before and after each);
 compare them on a quiet box.
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+from engine.core.config import KV_CACHE_DTYPES
 
 MODEL = "smollm2-135m"
 
@@ -33,7 +39,7 @@ def _load(fmt: str):
     return load_model(MODEL, dtype=fmt)
 
 
-def _prompt_logits(loaded, prompts) -> list:
+def _prompt_logits(loaded, prompts, **overrides) -> list:
     """Last-position logits of each prompt, one prompt per engine step."""
     from bench.run_kvscope import make_engine
     from engine import SamplingParams
@@ -49,7 +55,7 @@ def _prompt_logits(loaded, prompts) -> list:
 
     model.compute_logits = capture  # an instance attribute over the method, removed below
     try:
-        engine = make_engine(loaded, MODEL, 1, 64, enable_prefix_caching=False, max_model_len=1024)
+        engine = make_engine(loaded, MODEL, 1, 64, enable_prefix_caching=False, max_model_len=1024, **overrides)
         for ids in prompts:
             engine.add_request(list(ids), SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
             while engine.has_unfinished_requests():
@@ -59,7 +65,8 @@ def _prompt_logits(loaded, prompts) -> list:
     return rows
 
 
-def run(formats: list[str], quick: bool, speed: bool = True, accuracy: bool = True) -> dict:
+def run(formats: list[str], quick: bool, speed: bool = True, accuracy: bool = True,
+        kv_cache_dtype: str = "auto") -> dict:
     from bench import workloads as W
     from bench.measure import compare_tokens, loadavg
     from bench.roofline import FULL_ROOFLINE, QUICK_ROOFLINE, run_roofline
@@ -79,8 +86,9 @@ def run(formats: list[str], quick: bool, speed: bool = True, accuracy: bool = Tr
             del loaded
             continue
         wl = W.build("mixed", loaded.tokenizer, W.QUICK, 0)
-        logits = _prompt_logits(loaded, [r.prompt_ids for r in wl.requests])
-        engine = make_engine(loaded, MODEL, 16, 512)
+        kv = {"kv_cache_dtype": kv_cache_dtype if ref_logits is not None else "auto"}  # the reference: float32
+        logits = _prompt_logits(loaded, [r.prompt_ids for r in wl.requests], **kv)
+        engine = make_engine(loaded, MODEL, 16, 512, **kv)
         tokens = run_kvscope(engine, wl).token_ids
         del engine
         if ref_logits is None:
@@ -129,12 +137,14 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="fewer timed steps per roofline unit")
     p.add_argument("--no-speed", dest="speed", action="store_false", help="accuracy only")
     p.add_argument("--no-accuracy", dest="accuracy", action="store_false", help="speed only")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="the KV cache of every format but the float32 reference (accuracy runs)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if formats[0] != "float32":
         p.error("the first format is the reference and must be float32")
-    res = run(formats, args.quick, args.speed, args.accuracy)
+    res = run(formats, args.quick, args.speed, args.accuracy, args.kv_cache_dtype)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1, default=str)

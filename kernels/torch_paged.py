@@ -233,12 +233,20 @@ def _attend_decode_group(query, key_cache, value_cache, grp: DecodeGroup, scale:
     return o.view(D, heads, hd)
 
 
+def prefill_dtype(key_cache: torch.Tensor) -> torch.dtype:
+    """What a prefill chunk's attention computes in: a bf16 cache on the CPU is read as it
+    is and its query rounded to bf16 (the flash kernel's bf16 GEMMs: ~3x float32's on
+    AVX512-BF16/AMX, as vLLM's bf16 attends); any other cache widens to float32."""
+    return torch.bfloat16 if key_cache.dtype == torch.bfloat16 and key_cache.device.type == "cpu" else torch.float32
+
+
 def _attend_prefill(query, key_cache, value_cache, c: PrefillChunk, scale: float) -> torch.Tensor:
     """[q_len, heads, hd] for one prefill chunk over its paged context."""
     kvh = key_cache.shape[2]
-    k = gather_blocks(key_cache, c.blocks)[: c.seq_len].transpose(0, 1).float()  # [kvh, L, hd]
-    v = gather_blocks(value_cache, c.blocks)[: c.seq_len].transpose(0, 1).float()
-    q = query[c.q0:c.q1].float().transpose(0, 1)  # [heads, q_len, hd]
+    dt = prefill_dtype(key_cache)
+    k = gather_blocks(key_cache, c.blocks)[: c.seq_len].transpose(0, 1).to(dt)  # [kvh, L, hd]
+    v = gather_blocks(value_cache, c.blocks)[: c.seq_len].transpose(0, 1).to(dt)
+    q = query[c.q0:c.q1].to(dt).transpose(0, 1)  # [heads, q_len, hd]
     o = F.scaled_dot_product_attention(
         q[None], k[None], v[None], attn_mask=c.mask, is_causal=c.mask is None,
         scale=scale, enable_gqa=q.shape[0] != kvh,

@@ -102,12 +102,33 @@ def test_kernel_on_a_bf16_cache_is_the_kernel_on_its_widened_copy(seed, head_dim
     assert plan.kernel_decodes is not None
     want = paged_attention_fast(query, kb.float(), vb.float(), tables, lens, starts, scale=0.25, plan=plan)
     got = paged_attention_fast(query, kb, vb, tables, lens, starts, scale=0.25, plan=plan)
+    rows = plan.kernel_decodes.rows  # the decodes; the prefill chunks attend in bf16 (next test)
     if head_dim == 64 and torch.backends.cpu.get_cpu_capability() == "AVX512":
-        assert torch.equal(got, want)
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+        assert torch.equal(got[rows], want[rows])
+    torch.testing.assert_close(got[rows], want[rows], atol=2e-5, rtol=1e-5)
     torch_plan = build_plan(tables, lens, starts, block_size, decode_kernel=False)
     fallback = paged_attention_fast(query, kb, vb, tables, lens, starts, scale=0.25, plan=torch_plan)
-    torch.testing.assert_close(fallback, want, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(fallback[rows], want[rows], atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prefill_on_a_bf16_cache_attends_in_bf16(seed):
+    """A prefill chunk over a bf16 cache runs SDPA in bf16 (the query rounded, the cache
+    read as it is, as vLLM's bf16 attends): within bf16's rounding of the float32 answer on
+    the widened cache, and not that answer itself. A float32 cache keeps float32."""
+    from kernels.torch_paged import prefill_dtype
+
+    block_size = (4, 16)[seed % 2]
+    query, kc, vc, tables, lens, starts = _ragged_batch(seed, block_size, 3, 3, 64)
+    kb, vb = kc.bfloat16(), vc.bfloat16()
+    assert prefill_dtype(kb) == torch.bfloat16 and prefill_dtype(kc) == torch.float32
+    plan = build_plan(tables, lens, starts, block_size, decode_kernel=True)
+    assert plan.prefills
+    prefill_rows = torch.cat([torch.arange(c.q0, c.q1) for c in plan.prefills])
+    want = paged_attention_fast(query, kb.float(), vb.float(), tables, lens, starts, scale=0.25, plan=plan)
+    got = paged_attention_fast(query, kb, vb, tables, lens, starts, scale=0.25, plan=plan)
+    torch.testing.assert_close(got[prefill_rows], want[prefill_rows], atol=3e-2, rtol=3e-2)
+    assert not torch.equal(got[prefill_rows], want[prefill_rows])  # it did round: bf16, not float32
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
