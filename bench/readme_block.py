@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.vllm_compare import JSON as VLLM_JSON, JSON_BF16 as VLLM_BF16_JSON  # each comparison's own file
+
 BEGIN = "<!-- bench-summary:begin (generated from bench/results_cpu.json by `kvscope bench --update-readme`) -->"
 END = "<!-- bench-summary:end -->"
 ROOT = Path(__file__).resolve().parent.parent
 JSON = ROOT / "bench" / "results_cpu.json"
-VLLM_JSON = ROOT / "bench" / "results_vllm.json"  # `kvscope bench --baseline vllm`'s, when run
-VLLM_BF16_JSON = VLLM_JSON.with_name("results_vllm_bfloat16.json")  # the same with --dtype bfloat16
 README = ROOT / "README.md"
 
 

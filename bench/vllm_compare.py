@@ -11,9 +11,10 @@ and runs 1 thread on this box). vLLM runs eager (``--enforce-eager``: what the v
 tests; its compiled graphs take 68 s more to start). ``--dtype bfloat16`` runs both in
 bfloat16 instead: vLLM's own default for this model on this CPU (its "auto" turns a float32
 checkpoint into bf16 on x86), all of its activations and KV cache in bf16; kvscope's bf16
-weights and GEMMs (AMX through oneDNN) and a bf16 KV cache, with float32 activations, norms
-and attention arithmetic. Their outputs then differ (each rounds in its own places), and the results go to
-their own JSON file and RESULTS.md block; the README quotes the float32 comparison.
+weights and GEMMs (AMX through oneDNN) and a bf16 KV cache (prefill attention in bf16 over
+it), with float32 activations, norms and decode attention arithmetic. Their outputs then
+differ (each rounds in its own places), and the results go to their own JSON file,
+RESULTS.md block and README line beside float32's.
 
 Both stay up for the whole run and take turns, never busy at once. For each concurrency,
 ``pairs`` pairs of runs alternate the servers (vLLM then kvscope, then kvscope then vLLM,

@@ -16,7 +16,8 @@ simple twin that tests compare against. What makes this one faster:
   queries in one flash call; each sequence's own tail is a second, batched flash call,
   and the two are merged by their log-sum-exp ("cascade" attention).
 - Prefill chunks use `scaled_dot_product_attention` per sequence (flash kernel on CPU,
-  native GQA), causal with the cached prefix visible (bottom-right aligned mask).
+  native GQA), causal with the cached prefix visible (bottom-right aligned mask); over a
+  bf16 CPU cache in bf16 (`prefill_dtype`).
 - Writes to the cache use `index_copy_` (no boolean mask, no sync) when every slot in
   the step is valid.
 - With ``decode_kernel`` (the CPU backend's default where it builds), the decodes that
