@@ -12,6 +12,7 @@
     python -m bench.step_ab onednn --batch 16 --prompt-len 210  # MKL packed 4-64 rows vs oneDNN packed, every row count
     python -m bench.step_ab onednn_1row --batch 1  # batch-1 linears through F.linear / oneDNN's packed weight
     python -m bench.step_ab fused_grain --batch 64  # the fused ops split into tasks from 2^14 / 2^18 elements
+    python -m bench.step_ab f32_linear --batch 16 --prompt-len 210  # few-row float32 linears: oneDNN vs the C++ kernel
 
 ``--batch N`` times decode steps of N sequences with 64-token synthetic prompts
 (bench/cpu_units.py's DecodeBatch, as the roofline's units) instead of the workload's 16
@@ -54,6 +55,7 @@ _SETTINGS = {
     "onednn": ("MKL packed 4-64 rows", "oneDNN packed every row count"),
     "fused_grain": ("fused ops split from 2^14 elements", "from 2^18"),
     "onednn_1row": ("one row: F.linear", "one row: oneDNN packed"),
+    "f32_linear": ("oneDNN packed", "few rows: C++ f32_linear"),
 }
 _CACHES: dict[tuple[int, str], object] = {}  # (id of a module, setting): its PackedWeightCache
 
@@ -106,6 +108,10 @@ def _apply(kind: str, setting: str, engine) -> None:
         from kernels import cpu_fused
 
         cpu_fused.extension().set_grain_elems(1 << 14 if setting.endswith("2^14 elements") else 1 << 18)
+    elif kind == "f32_linear":
+        from kernels import cpu_linear
+
+        cpu_linear.F32_KERNELS.on = setting.endswith("f32_linear")
     elif kind == "kernel_openmp":  # kernels/cpu_build.py loads the build of this setting
         from kernels import cpu_build
 

@@ -147,6 +147,10 @@ CPU_FUSED = _switch(
     "KVSCOPE_CPU_FUSED", "on", True,
     "`0`: CPU layers on torch's elementwise ops, not the fused C++ ones",
     "kernels/cpu_fused.py")
+CPU_F32_LINEAR = _switch(
+    "KVSCOPE_CPU_F32_LINEAR", "on", True,
+    "`0`: float32 CPU linears of up to 64 rows on oneDNN's packed weight, not the C++ kernel",
+    "kernels/cpu_linear.py")
 CPU_MKL_PACKED = _switch(
     "KVSCOPE_CPU_MKL_PACKED", "off", False,
     "`1`: pack CPU linear weights for MKL's packed GEMM (4-64 rows), not oneDNN's (every row count)",

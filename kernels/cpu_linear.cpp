@@ -1,4 +1,5 @@
-// Weight-only reduced-precision linears for the CPU: y = x W^T (+ b), x and y float32,
+// Linears for the CPU of few rows in float32 (f32_linear, the default format's decode
+// steps: below), and weight-only reduced-precision ones: y = x W^T (+ b), x and y float32,
 // W stored as int8 with a float32 scale and offset per group of 32 weights along K
 // (w = q * scale + offset), or as bfloat16. Weights are widened to float32 in registers and every product and sum is
 // float32 ("fp32 compute"); what shrinks is the bytes read per weight (1.125 or 2
@@ -20,6 +21,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -211,6 +213,146 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   return run_rows(x, N, bias, [&](const float* xr, int64_t ldx, int64_t mb, int64_t n, float* acc) {
     bf16_row(xr, ldx, mb, wp + n * K, K, acc);
   });
+}
+
+// ---- float32, few rows (the default format's decode steps) ------------------------------
+//
+// y = x W^T for M <= ~64 rows, straight from the [N, K] float32 weight (no packed copy):
+// a task takes runs of kNr = 4 consecutive weight rows (4 K floats, contiguous) and
+// multiplies each run by the input rows 4 at a time: 16 accumulators of 16 lanes over K,
+// summed across their lanes together at the end (hsum16: 15 shuffle-adds for 16 sums).
+// The weights stream from memory once per call, and the task's next run is prefetched
+// into L2 while this one is multiplied, spread over the passes of 4 input rows, so the
+// stream and the FMAs overlap. oneDNN's GEMM on its packed weight did the two one after
+// the other at these row counts. Every linear of SmolLM2 and its lm_head once, 2 threads,
+// wall ms (bench/RESULTS.md, session 23), oneDNN / this: 1 row 32-34 / 23-24, 4 rows 34 /
+// 27, 16 rows 47 / 32-33, 64 rows 91-96 / 84-85; from ~96 rows oneDNN is ahead. Every
+// product and sum is float32 (FMA); only the order of the sum differs from oneDNN's.
+
+constexpr int kNr = 4;  // weight rows a task multiplies at once
+constexpr int kMr = 4;  // input rows per pass over them
+
+#if defined(__AVX512F__)
+// lane i of the result = the sum of v[i]'s 16 lanes
+inline __m512 hsum16(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  // w[i]: 256-bit half 0 = v[2i] partials (8), half 1 = v[2i+1] partials
+  for (int i = 0; i < 4; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88), _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD));
+  // x[i] quarters: v[4i], v[4i+1], v[4i+2], v[4i+3] (4 partials each)
+  const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+  const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+  const __m512 r = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))));
+  // r lane 4q + j = sum of x[j]'s quarter q = v[4j + q]
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(idx, r);
+}
+
+// out[m, n] for MR input rows and NR weight rows (w: NR rows of K floats, one after another); while at
+// it, prefetch rows [p0, p1) of the next run ``pf`` at the same K offsets.
+template <int MR, int NR>
+inline void f32_block(const float* x, int64_t K, const float* w, float* out, int64_t ldo, const float* pf, int p0,
+                      int p1) {
+  __m512 acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_ps(w + n * K + k);
+    if (pf)
+      for (int n = p0; n < p1; ++n) _mm_prefetch(reinterpret_cast<const char*>(pf + n * K + k), _MM_HINT_T1);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
+      for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
+    }
+  }
+  if (k < K) {  // the last K % 16 (masked loads cost a port the FMAs need: not in the loop above)
+    const __mmask16 mk = static_cast<__mmask16>((1u << (K - k)) - 1);
+    __m512 wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = _mm512_maskz_loadu_ps(mk, w + n * K + k);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mk, x + m * K + k);
+      for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
+    }
+  }
+  if constexpr (MR * NR == 16) {
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, hsum16(&acc[0][0]));
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) out[m * ldo + n] = sums[m * NR + n];
+  } else {
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NR; ++n) out[m * ldo + n] = _mm512_reduce_add_ps(acc[m][n]);
+  }
+}
+
+// All M rows against one run of NR weight rows, kMr rows a pass; the prefetch of the next
+// run is split over the passes.
+template <int NR>
+void f32_run(const float* x, int64_t M, int64_t K, const float* w, float* out, int64_t N, const float* pf) {
+  const int passes = static_cast<int>((M + kMr - 1) / kMr);
+  const int per = (NR + passes - 1) / passes;
+  for (int p = 0; p < passes; ++p) {
+    const int64_t m = p * kMr;
+    const int p0 = std::min(NR, p * per), p1 = std::min(NR, p0 + per);
+    const float* pp = p0 < p1 ? pf : nullptr;
+    const float* xm = x + m * K;
+    float* om = out + m * N;
+    switch (std::min<int64_t>(kMr, M - m)) {
+      case 4: f32_block<4, NR>(xm, K, w, om, N, pp, p0, p1); break;
+      case 3: f32_block<3, NR>(xm, K, w, om, N, pp, p0, p1); break;
+      case 2: f32_block<2, NR>(xm, K, w, om, N, pp, p0, p1); break;
+      default: f32_block<1, NR>(xm, K, w, om, N, pp, p0, p1); break;
+    }
+  }
+}
+#endif
+
+torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous() && w.device().is_cpu(),
+              "w must be a contiguous float32 CPU [N, K] tensor");
+  const int64_t N = w.size(0), K = w.size(1), M = x.size(0);
+  check_x(x, K);
+  TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor");
+  auto out = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  const float* bp = bias_data(bias, N);
+  float* op = out.data_ptr<float>();
+  const int64_t runs = (N + kNr - 1) / kNr;
+  // a task: runs of ~64 KiB of weights at least, so a small linear stays on one thread
+  const int64_t grain = std::max<int64_t>(1, 65536 / (kNr * std::max<int64_t>(K, 1) * 4));
+  at::parallel_for(0, runs, grain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r * kNr, nr = std::min<int64_t>(kNr, N - n);
+      float* o = op + n;
+#if defined(__AVX512F__)
+      const float* pf = r + 1 < r1 ? wp + (n + kNr) * K : nullptr;  // the next run of this task
+      const float* wr = wp + n * K;
+      switch (nr) {
+        case 4: f32_run<4>(xp, M, K, wr, o, N, pf); break;
+        case 3: f32_run<3>(xp, M, K, wr, o, N, pf); break;
+        case 2: f32_run<2>(xp, M, K, wr, o, N, pf); break;
+        default: f32_run<1>(xp, M, K, wr, o, N, pf); break;
+      }
+#else
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < nr; ++j) {
+          float total = 0.f;
+          for (int64_t k = 0; k < K; ++k) total += xp[m * K + k] * wp[(n + j) * K + k];
+          o[m * N + j] = total;
+        }
+#endif
+      if (bp)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t j = 0; j < nr; ++j) o[m * N + j] += bp[n + j];
+    }
+  });
+  return out;
 }
 
 // ---- w8a8: int8 weights x int8 activations, VNNI (opt-in: quantization="w8a8") -----------
@@ -487,6 +629,8 @@ void int8_dequantize(torch::Tensor w, torch::Tensor scales, torch::Tensor offset
 // thread is in here, as they do while it is inside any torch op.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "x [M,K] f32 @ (int8 [N,K] * scales + offsets [N,K/32])^T (+ bias)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("f32_linear", &f32_linear, "x [M,K] f32 @ (f32 [N,K])^T (+ bias), few rows (M <= ~64)",
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_linear", &bf16_linear, "x [M,K] f32 @ (bf16 [N,K])^T (+ bias), f32 compute",
         py::call_guard<py::gil_scoped_release>());

@@ -66,6 +66,26 @@ BF16_KERNEL_MAX_ROWS = 12
 # ~357 / oneDNN ~168. One row stays on the kernel: float32 products, as fast.
 BF16_ONEDNN_MIN_ROWS = 2
 ONEDNN_BATCH_HINT = 16  # the row count oneDNN lays a packed weight out for (here and engine/model/layers.py)
+# float32 weights, the default format: up to this many rows (decode steps) the kernel's
+# f32_linear multiplies the plain [N, K] weight, streaming it while it computes; oneDNN's
+# packed GEMM takes more rows (figures in kernels/cpu_linear.cpp; at ~96 rows oneDNN's
+# is ahead).
+F32_KERNEL_MAX_ROWS = 64
+F32_KERNELS = cpu_build.DefaultPathKernels(
+    "cpu_linear.cpp", "KVSCOPE_CPU_F32_LINEAR", "float32 CPU linears of few rows fall back to oneDNN",
+    ("-ffp-contract=off",))
+
+
+def f32_kernel_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``f32_linear`` multiplies these: float32 CPU x of 1..F32_KERNEL_MAX_ROWS
+    contiguous rows, a contiguous weight, and the kernels built and on."""
+    return (1 <= x.shape[0] <= F32_KERNEL_MAX_ROWS and x.is_contiguous() and weight.is_contiguous()
+            and F32_KERNELS.enabled())
+
+
+def f32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for float32 CPU tensors of few rows (kernels/cpu_linear.cpp)."""
+    return F32_KERNELS.module().f32_linear(x, weight, bias)
 
 
 class KernelUnavailableError(cpu_build.KernelUnavailableError):

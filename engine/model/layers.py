@@ -16,7 +16,7 @@ from torch import nn
 
 from engine import envs
 from kernels import cpu_fused, cpu_mkl
-from kernels.cpu_linear import ONEDNN_BATCH_HINT, BF16Weight, onednn_packing
+from kernels.cpu_linear import ONEDNN_BATCH_HINT, BF16Weight, f32_kernel_takes, f32_linear, onednn_packing
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -197,6 +197,8 @@ class RopeTables:
 # oneDNN's weights (both threads stream them), for 1.2-1.3x the CPU time. MKL's packing
 # serves only 4-64 rows, where it was measured ahead of F.linear; oneDNN's serves every
 # step, a 4096-token prefill included. The packed copy doubles the weights' memory.
+# Up to kernels.cpu_linear.F32_KERNEL_MAX_ROWS rows (decode steps) its C++ kernel
+# multiplies the plain weight instead, faster there (figures in kernels/cpu_linear.py).
 ONEDNN_ROWS = (1, 4096)
 MKL_ROWS = (4, 64)
 
@@ -234,6 +236,8 @@ class PackedWeightCache:
         packed = self._get(weight)
         if packed is None:
             return F.linear(x, weight, bias)
+        if not self.mkl and f32_kernel_takes(x, weight):  # few rows: the kernel, on the plain weight
+            return f32_linear(x, weight, bias)
         if self.mkl:
             return cpu_mkl.linear(x, packed, weight.shape[0], bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")

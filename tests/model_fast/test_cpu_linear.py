@@ -133,6 +133,59 @@ def test_kernel_rejects_bad_inputs(ext):
         ext.int8_linear(torch.randn(2, 64), w8.q, w8.scales, w8.scales[:1], None)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16, 17, 64])
+@pytest.mark.parametrize("n,k", [(1, 16), (3, 17), (4, 576), (7, 31), (13, 64), (961, 1536)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_f32_linear_is_a_float32_product(ext, rows, n, k, bias):
+    """The few-rows float32 kernel against a float64 product: every run length of weight
+    rows (N mod 4), every pass of input rows (M mod 4), K not a multiple of 16 (the
+    masked tail), within float32's rounding of sums of K products (F.linear's own error,
+    measured beside it, is of the same size)."""
+    x, w = torch.randn(rows, k), torch.randn(n, k)
+    b = torch.randn(n) if bias else None
+    exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+    got = ext.f32_linear(x, w, b)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    bound = 4 * torch.finfo(torch.float32).eps * (x.abs().double() @ w.abs().double().T + 1)
+    assert ((got.double() - exact).abs() <= bound).all()
+    assert ((F.linear(x, w, b).double() - exact).abs() <= bound).all()  # the bound holds torch's own too
+
+
+def test_f32_linear_rejects_bad_inputs(ext):
+    w = torch.randn(8, 64)
+    with pytest.raises(RuntimeError, match="features"):
+        ext.f32_linear(torch.randn(2, 32), w, None)
+    with pytest.raises(RuntimeError, match="float32"):
+        ext.f32_linear(torch.randn(2, 64), w.double(), None)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ext.f32_linear(torch.randn(2, 64), torch.randn(64, 8).T, None)
+    with pytest.raises(RuntimeError, match="bias"):
+        ext.f32_linear(torch.randn(2, 64), w, torch.randn(7))
+
+
+def test_float32_linears_of_few_rows_take_the_kernel_and_more_rows_onednn(ext, monkeypatch):
+    """PackedWeightCache routes 1..F32_KERNEL_MAX_ROWS rows to f32_linear (the plain
+    weight) and more to oneDNN's packed copy; KVSCOPE_CPU_F32_LINEAR=0's switch
+    (F32_KERNELS.on) sends few rows back to oneDNN."""
+    from engine.model import layers
+
+    if not layers.onednn_packing():
+        pytest.skip("no oneDNN packing in this torch")
+    calls = []
+    real = layers.f32_linear
+    monkeypatch.setattr(layers, "f32_linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    lin = Linear(64, 48, False)
+    with torch.no_grad():
+        lin.weight.copy_(_weight(48, 64))
+    for rows in (1, 16, C.F32_KERNEL_MAX_ROWS, C.F32_KERNEL_MAX_ROWS + 1):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight), atol=1e-5, rtol=1e-5)
+    assert calls == [1, 16, C.F32_KERNEL_MAX_ROWS]
+    monkeypatch.setattr(C.F32_KERNELS, "on", False)
+    lin(torch.randn(4, 64))
+    assert calls == [1, 16, C.F32_KERNEL_MAX_ROWS]
+
+
 @pytest.mark.parametrize("fmt", ["int8", "bfloat16"])
 def test_linear_reduce_precision_drops_the_float32_weight(ext, fmt):
     lin = Linear(64, 48, bias=True)
