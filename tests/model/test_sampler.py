@@ -21,6 +21,19 @@ def test_greedy_is_argmax():
     assert out.logprobs == [None] * 4 and out.top_logprobs == [None] * 4
 
 
+@pytest.mark.parametrize("rows,vocab", [(1, 7), (16, 49152), (64, 49152)])
+def test_greedy_takes_the_first_maximum_as_argmax_does(rows, vocab):
+    """Ties (integers drawn from 7 values), NaN (argmax's maximum) and -0.0 == 0.0: the
+    greedy answer is exactly torch's argmax, at a decode batch's shape too."""
+    gen = torch.Generator().manual_seed(rows)
+    logits = torch.randint(-3, 4, (rows, vocab), generator=gen).float()
+    logits[logits == 0] = -0.0
+    logits[torch.rand(rows, vocab, generator=gen) < 0.3 / vocab] = float("nan")
+    logits[0, -1] = float("nan")
+    out = sample(logits, [RowSampling(temperature=0.0)] * rows)
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
 def test_top_k_1_equals_greedy():
     logits = _logits()
     rows = [RowSampling(temperature=1.5, top_k=1, generator=make_generator(i)) for i in range(4)]
