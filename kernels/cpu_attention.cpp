@@ -9,7 +9,13 @@
 // GEMMs but the largest (bench/RESULTS.md, "batch-64 profile"). Here every (sequence,
 // kv head) pair is one task: the G = heads / kv_heads query heads that share the kv
 // head are scored against each key row as it is read from its block, then softmaxed,
-// then the value rows are accumulated with the weights. Semantics are
+// then the value rows are accumulated with the weights (attend_group_avx512; a head_dim
+// and G without a grouped instance take one task per query head). A step's caches come
+// from memory, not from cache: a sequence's first kv head's task prefetches, a block
+// ahead, the whole token rows (every kv head's K, then V) into L2, where the sequence's
+// other kv heads' tasks, next on the same thread, find them. In the engine this took
+// the decode attention of a float32 16-sequence step from ~11.8 to ~9.9 ms and of a bf16
+// 64-sequence step from ~41 to ~30 ms (bench/RESULTS.md, session 23). Semantics are
 // kernels/reference.py's paged_attention_ref for q_len == 1; the summation order
 // differs (as SDPA's does), so results agree to float32 rounding.
 //
@@ -101,6 +107,112 @@ void attend_head_avx512(const float* q, const TC* kc, const TC* vc, int64_t row_
   const __m512 invv = _mm512_set1_ps(inv);
   for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], invv));
 }
+
+// The G query heads that share one kv head, against one sequence's context: each K and V
+// row is read (and widened, from bf16) once for all G. Per head, the arithmetic is
+// attend_head_avx512's in the same order, so the results are bitwise the same. q: G heads
+// of head_dim floats, one after another (as a query row holds them); scores: G * L floats.
+// Into L2, the whole token row (every kv head's K or V) of ``slot``: its later kv heads'
+// tasks, which run next on this thread, find it there.
+template <typename TC>
+inline void prefetch_row(const TC* cache, int64_t slot, int64_t row_stride) {
+  const char* r = reinterpret_cast<const char*>(cache + slot * row_stride);
+  for (int64_t b = 0; b < row_stride * static_cast<int64_t>(sizeof(TC)); b += 64) _mm_prefetch(r + b, _MM_HINT_T1);
+}
+
+// for_each_slot, and with each slot the one a block later (-1 past the context)
+template <typename Fn>
+inline void for_each_slot_ahead(const int32_t* table, int64_t L, int64_t bs, Fn&& fn) {
+  for (int64_t b = 0, p = 0; p < L; ++b) {
+    const int64_t base = static_cast<int64_t>(table[b]) * bs;
+    const int64_t next = (b + 1) * bs < L ? static_cast<int64_t>(table[b + 1]) * bs : -1;
+    for (int64_t off = 0; off < bs && p < L; ++off, ++p) fn(base + off, p, next < 0 || p + bs >= L ? -1 : next + off);
+  }
+}
+
+template <int NV, int G, typename TC>
+void attend_group_avx512(const float* q, const TC* kc, const TC* vc, int64_t row_stride, const int32_t* table,
+                         int64_t L, int64_t bs, float scale, float* scores, float* out, const TC* kc0, const TC* vc0) {
+  __m512 qv[G][NV];
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < NV; ++i) qv[g][i] = _mm512_loadu_ps(q + g * 16 * NV + 16 * i);
+  float mx[G];
+  for (int g = 0; g < G; ++g) mx[g] = -std::numeric_limits<float>::infinity();
+  for_each_slot_ahead(table, L, bs, [&](int64_t slot, int64_t p, int64_t ahead) {
+    if (kc0 && ahead >= 0) prefetch_row(kc0, ahead, row_stride);
+    const TC* k = kc + slot * row_stride;
+    __m512 kv[NV];
+    for (int i = 0; i < NV; ++i) kv[i] = load16(k + 16 * i);
+    for (int g = 0; g < G; ++g) {
+      __m512 a = _mm512_mul_ps(qv[g][0], kv[0]);
+      __m512 b = NV > 1 ? _mm512_mul_ps(qv[g][1], kv[1]) : _mm512_setzero_ps();
+      for (int i = 2; i < NV; i += 2) {
+        a = _mm512_fmadd_ps(qv[g][i], kv[i], a);
+        if (i + 1 < NV) b = _mm512_fmadd_ps(qv[g][i + 1], kv[i + 1], b);
+      }
+      const float sc = _mm512_reduce_add_ps(_mm512_add_ps(a, b)) * scale;
+      scores[g * L + p] = sc;
+      mx[g] = std::max(mx[g], sc);
+    }
+  });
+  float inv[G];
+  for (int g = 0; g < G; ++g) {
+    float* sg = scores + g * L;
+    const __m512 mxv = _mm512_set1_ps(mx[g]);
+    __m512 sumv = _mm512_setzero_ps();
+    int64_t p = 0;
+    for (; p + 16 <= L; p += 16) {
+      __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(sg + p), mxv));
+      _mm512_storeu_ps(sg + p, e);
+      sumv = _mm512_add_ps(sumv, e);
+    }
+    if (p < L) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (L - p)) - 1);
+      __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + p), mxv));
+      _mm512_mask_storeu_ps(sg + p, m, e);
+      sumv = _mm512_add_ps(sumv, _mm512_maskz_mov_ps(m, e));
+    }
+    inv[g] = 1.f / _mm512_reduce_add_ps(sumv);
+  }
+  __m512 acc[G][NV];
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_setzero_ps();
+  for_each_slot_ahead(table, L, bs, [&](int64_t slot, int64_t p, int64_t ahead) {
+    if (vc0 && ahead >= 0) prefetch_row(vc0, ahead, row_stride);
+    const TC* v = vc + slot * row_stride;
+    __m512 vv[NV];
+    for (int i = 0; i < NV; ++i) vv[i] = load16(v + 16 * i);
+    for (int g = 0; g < G; ++g) {
+      const __m512 w = _mm512_set1_ps(scores[g * L + p]);
+      for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_fmadd_ps(w, vv[i], acc[g][i]);
+    }
+  });
+  for (int g = 0; g < G; ++g) {
+    const __m512 invv = _mm512_set1_ps(inv[g]);
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + g * 16 * NV + 16 * i, _mm512_mul_ps(acc[g][i], invv));
+  }
+}
+
+// attend_group_avx512 for this (head_dim, G), if there is one: G * head_dim / 16 <= 16
+// accumulators (they stay in registers).
+template <typename TC>
+using GroupFn = void (*)(const float*, const TC*, const TC*, int64_t, const int32_t*, int64_t, int64_t, float, float*,
+                         float*, const TC*, const TC*);
+template <typename TC>
+GroupFn<TC> group_kernel(int64_t hd, int64_t G) {
+  switch (hd * 16 + G) {
+    case 16 * 16 + 2: return attend_group_avx512<1, 2, TC>;
+    case 16 * 16 + 4: return attend_group_avx512<1, 4, TC>;
+    case 32 * 16 + 2: return attend_group_avx512<2, 2, TC>;
+    case 32 * 16 + 3: return attend_group_avx512<2, 3, TC>;
+    case 32 * 16 + 4: return attend_group_avx512<2, 4, TC>;
+    case 64 * 16 + 2: return attend_group_avx512<4, 2, TC>;
+    case 64 * 16 + 3: return attend_group_avx512<4, 3, TC>;
+    case 64 * 16 + 4: return attend_group_avx512<4, 4, TC>;
+    case 128 * 16 + 2: return attend_group_avx512<8, 2, TC>;
+    default: return nullptr;
+  }
+}
 #endif
 
 // The same for any head_dim and CPU, in plain loops.
@@ -149,13 +261,31 @@ void decode_loop(const at::Tensor& query, const TC* kc, const TC* vc, const int6
   const float sc = static_cast<float>(scale);
   const int64_t row_stride = kvh * hd;  // between token slots of one block
   const int64_t q_row = query.stride(0), o_row = out.stride(0);
-  // One task per (sequence, query head); a sequence's heads run in one task's range
+  // Without a grouped kernel: one task per (sequence, query head); a sequence's heads run in one task's range
   // when the split allows, so its K/V rows (kv_heads * head_dim floats per token slot)
   // are read while they are still in cache.
   // At least kMinTaskPositions (head, position) pairs a task (~25 us of work): a batch-1
   // decode's few heads stay on the calling thread instead of paying for an OpenMP region
   // (whose barrier waits out a partner thread that another process has descheduled).
   constexpr int64_t kMinTaskPositions = 1 << 13;
+#if defined(__AVX512F__)
+  // GQA: one task per (sequence, kv head), its G query heads together, where a grouped
+  // kernel exists for this head_dim and G (query heads h*G..h*G+G-1 share kv head h)
+  if (const GroupFn<TC> fn = G > 1 ? group_kernel<TC>(hd, G) : nullptr) {
+    const int64_t grain = std::max<int64_t>(1, kMinTaskPositions * D / std::max<int64_t>(1, positions * G));
+    at::parallel_for(0, D * kvh, grain, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scores;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t d = t / kvh, h = t % kvh, L = lens[d];
+        scores.resize(static_cast<size_t>(G * L));
+        const bool first = h == 0;  // prefetches every kv head's rows for the tasks after it
+        fn(q + row[d] * q_row + h * G * hd, kc + h * hd, vc + h * hd, row_stride, tables + d * max_blocks, L, bs, sc,
+           scores.data(), o + row[d] * o_row + h * G * hd, first ? kc : nullptr, first ? vc : nullptr);
+      }
+    });
+    return;
+  }
+#endif
   const int64_t grain = std::max<int64_t>(1, kMinTaskPositions * D / std::max<int64_t>(1, positions));
   at::parallel_for(0, D * H, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores;
