@@ -53,6 +53,11 @@ inline void for_each_slot(const int32_t* table, int64_t L, int64_t bs, Fn&& fn) 
   }
 }
 
+// A grouped kernel (attend_group_avx512 below, where the CPU has AVX-512).
+template <typename TC>
+using GroupFn = void (*)(const float*, const TC*, const TC*, int64_t, const int32_t*, int64_t, int64_t, float, float*,
+                         float*, const TC*, const TC*);
+
 #if defined(__AVX512F__)
 }  // namespace
 // SLEEF's 1-ulp float exp, as ATen's own vectorized exp (and so SDPA's flash kernel)
@@ -60,58 +65,6 @@ inline void for_each_slot(const int32_t* table, int64_t L, int64_t bs, Fn&& fn) 
 extern "C" __m512 Sleef_expf16_u10(__m512);
 namespace {
 
-// One query head against one sequence's context: q and the running output stay in
-// registers (NV = head_dim / 16 vectors). scores is scratch for L floats.
-template <int NV, typename TC>
-void attend_head_avx512(const float* q, const TC* kc, const TC* vc, int64_t row_stride,
-                        const int32_t* table, int64_t L, int64_t bs, float scale, float* scores,
-                        float* out) {
-  __m512 qv[NV];
-  for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
-  float mx = -std::numeric_limits<float>::infinity();
-  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
-    const TC* k = kc + slot * row_stride;
-    __m512 a = _mm512_mul_ps(qv[0], load16(k));
-    __m512 b = NV > 1 ? _mm512_mul_ps(qv[1], load16(k + 16)) : _mm512_setzero_ps();
-    for (int i = 2; i < NV; i += 2) {
-      a = _mm512_fmadd_ps(qv[i], load16(k + 16 * i), a);
-      if (i + 1 < NV) b = _mm512_fmadd_ps(qv[i + 1], load16(k + 16 * (i + 1)), b);
-    }
-    const float sc = _mm512_reduce_add_ps(_mm512_add_ps(a, b)) * scale;
-    scores[p] = sc;
-    mx = std::max(mx, sc);
-  });
-  // softmax numerators, 16 positions at a time
-  const __m512 mxv = _mm512_set1_ps(mx);
-  __m512 sumv = _mm512_setzero_ps();
-  int64_t p = 0;
-  for (; p + 16 <= L; p += 16) {
-    __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(scores + p), mxv));
-    _mm512_storeu_ps(scores + p, e);
-    sumv = _mm512_add_ps(sumv, e);
-  }
-  if (p < L) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (L - p)) - 1);
-    __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p), mxv));
-    _mm512_mask_storeu_ps(scores + p, m, e);
-    sumv = _mm512_add_ps(sumv, _mm512_maskz_mov_ps(m, e));
-  }
-  const float inv = 1.f / _mm512_reduce_add_ps(sumv);
-  __m512 acc[NV];
-  for (int i = 0; i < NV; ++i) acc[i] = _mm512_setzero_ps();
-  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
-    const TC* v = vc + slot * row_stride;
-    const __m512 w = _mm512_set1_ps(scores[p]);
-    for (int i = 0; i < NV; ++i) acc[i] = _mm512_fmadd_ps(w, load16(v + 16 * i), acc[i]);
-  });
-  const __m512 invv = _mm512_set1_ps(inv);
-  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], invv));
-}
-
-// The G query heads that share one kv head, against one sequence's context: each K and V
-// row is read (and widened, from bf16) once for all G. Per head, the arithmetic is
-// attend_head_avx512's in the same order, so the results are bitwise the same. q: G heads
-// of head_dim floats, one after another (as a query row holds them); scores: G * L floats.
 // Into L2, the whole token row (every kv head's K or V) of ``slot``: its later kv heads'
 // tasks, which run next on this thread, find it there.
 template <typename TC>
@@ -193,22 +146,23 @@ void attend_group_avx512(const float* q, const TC* kc, const TC* vc, int64_t row
   }
 }
 
-// attend_group_avx512 for this (head_dim, G), if there is one: G * head_dim / 16 <= 16
-// accumulators (they stay in registers).
-template <typename TC>
-using GroupFn = void (*)(const float*, const TC*, const TC*, int64_t, const int32_t*, int64_t, int64_t, float, float*,
-                         float*, const TC*, const TC*);
+// attend_group_avx512 for this (head_dim, G), if there is one (G * head_dim / 16 <= 16
+// accumulators, so they stay in registers); null: none for this head_dim at all.
 template <typename TC>
 GroupFn<TC> group_kernel(int64_t hd, int64_t G) {
   switch (hd * 16 + G) {
+    case 16 * 16 + 1: return attend_group_avx512<1, 1, TC>;
     case 16 * 16 + 2: return attend_group_avx512<1, 2, TC>;
     case 16 * 16 + 4: return attend_group_avx512<1, 4, TC>;
+    case 32 * 16 + 1: return attend_group_avx512<2, 1, TC>;
     case 32 * 16 + 2: return attend_group_avx512<2, 2, TC>;
     case 32 * 16 + 3: return attend_group_avx512<2, 3, TC>;
     case 32 * 16 + 4: return attend_group_avx512<2, 4, TC>;
+    case 64 * 16 + 1: return attend_group_avx512<4, 1, TC>;
     case 64 * 16 + 2: return attend_group_avx512<4, 2, TC>;
     case 64 * 16 + 3: return attend_group_avx512<4, 3, TC>;
     case 64 * 16 + 4: return attend_group_avx512<4, 4, TC>;
+    case 128 * 16 + 1: return attend_group_avx512<8, 1, TC>;
     case 128 * 16 + 2: return attend_group_avx512<8, 2, TC>;
     default: return nullptr;
   }
@@ -261,52 +215,39 @@ void decode_loop(const at::Tensor& query, const TC* kc, const TC* vc, const int6
   const float sc = static_cast<float>(scale);
   const int64_t row_stride = kvh * hd;  // between token slots of one block
   const int64_t q_row = query.stride(0), o_row = out.stride(0);
-  // Without a grouped kernel: one task per (sequence, query head); a sequence's heads run in one task's range
-  // when the split allows, so its K/V rows (kv_heads * head_dim floats per token slot)
-  // are read while they are still in cache.
+  // One task per (sequence, kv head): its G query heads together (heads h*G..h*G+G-1
+  // share kv head h), or one task per query head where no kernel takes G heads at once
+  // (g = 1). A sequence's tasks run one after another on one thread when the split allows,
+  // so its first task's prefetch of the token rows serves the others.
   // At least kMinTaskPositions (head, position) pairs a task (~25 us of work): a batch-1
   // decode's few heads stay on the calling thread instead of paying for an OpenMP region
   // (whose barrier waits out a partner thread that another process has descheduled).
   constexpr int64_t kMinTaskPositions = 1 << 13;
+  GroupFn<TC> fn = nullptr;
+  int64_t g = G;
 #if defined(__AVX512F__)
-  // GQA: one task per (sequence, kv head), its G query heads together, where a grouped
-  // kernel exists for this head_dim and G (query heads h*G..h*G+G-1 share kv head h)
-  if (const GroupFn<TC> fn = G > 1 ? group_kernel<TC>(hd, G) : nullptr) {
-    const int64_t grain = std::max<int64_t>(1, kMinTaskPositions * D / std::max<int64_t>(1, positions * G));
-    at::parallel_for(0, D * kvh, grain, [&](int64_t t0, int64_t t1) {
-      std::vector<float> scores;
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t d = t / kvh, h = t % kvh, L = lens[d];
-        scores.resize(static_cast<size_t>(G * L));
-        const bool first = h == 0;  // prefetches every kv head's rows for the tasks after it
-        fn(q + row[d] * q_row + h * G * hd, kc + h * hd, vc + h * hd, row_stride, tables + d * max_blocks, L, bs, sc,
-           scores.data(), o + row[d] * o_row + h * G * hd, first ? kc : nullptr, first ? vc : nullptr);
-      }
-    });
-    return;
-  }
+  fn = group_kernel<TC>(hd, G);
+  if (fn == nullptr && (fn = group_kernel<TC>(hd, 1)) != nullptr) g = 1;
 #endif
-  const int64_t grain = std::max<int64_t>(1, kMinTaskPositions * D / std::max<int64_t>(1, positions));
-  at::parallel_for(0, D * H, grain, [&](int64_t t0, int64_t t1) {
+  if (fn == nullptr) g = 1;  // the scalar loop, a head a task
+  const int64_t per_seq = H / g;
+  const int64_t grain = std::max<int64_t>(1, kMinTaskPositions * D / std::max<int64_t>(1, positions * g));
+  at::parallel_for(0, D * per_seq, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t d = t / H, h = t % H, L = lens[d];
-      scores.resize(static_cast<size_t>(L));
-      const float* qh = q + row[d] * q_row + h * hd;
-      float* oh = o + row[d] * o_row + h * hd;
-      const TC* kh = kc + (h / G) * hd;  // this head's kv head in every token row
-      const TC* vh = vc + (h / G) * hd;
+      const int64_t d = t / per_seq, h0 = (t % per_seq) * g, L = lens[d];
+      scores.resize(static_cast<size_t>(g * L));
+      const float* qh = q + row[d] * q_row + h0 * hd;
+      float* oh = o + row[d] * o_row + h0 * hd;
+      const TC* kh = kc + (h0 / G) * hd;  // these heads' kv head in every token row
+      const TC* vh = vc + (h0 / G) * hd;
       const int32_t* table = tables + d * max_blocks;
-#if defined(__AVX512F__)
-      switch (hd) {  // head_dim / 16 vectors in registers
-        case 16: attend_head_avx512<1>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
-        case 32: attend_head_avx512<2>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
-        case 64: attend_head_avx512<4>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
-        case 128: attend_head_avx512<8>(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh); continue;
-        default: break;
+      if (fn != nullptr) {
+        const bool first = h0 == 0;  // prefetches every kv head's rows for the tasks after it
+        fn(qh, kh, vh, row_stride, table, L, bs, sc, scores.data(), oh, first ? kc : nullptr, first ? vc : nullptr);
+      } else {
+        attend_head_scalar(qh, kh, vh, row_stride, table, L, bs, hd, sc, scores.data(), oh);
       }
-#endif
-      attend_head_scalar(qh, kh, vh, row_stride, table, L, bs, hd, sc, scores.data(), oh);
     }
   });
 }
