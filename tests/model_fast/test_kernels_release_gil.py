@@ -68,6 +68,11 @@ def _int8_dequantize(scale: int):
     return lambda: cpu_linear.extension().int8_dequantize(w, scales, offsets, out)
 
 
+def _f32_linear(scale: int):
+    w, x = torch.randn(4096 * scale, 1024), torch.randn(16, 1024)
+    return lambda: cpu_linear.extension().f32_linear(x, w, None)
+
+
 def _write_kv(scale: int):
     t, heads, hd = 131072 * scale, 4, 64  # one token's row, repeated (row stride 0)
     key, value = torch.randn(1, heads, hd).expand(t, heads, hd), torch.randn(1, heads, hd).expand(t, heads, hd)
@@ -84,7 +89,7 @@ def _mkl_linear(scale: int):
     return lambda: cpu_mkl.linear(x, packed, 4096)
 
 
-@pytest.mark.parametrize("make", [_silu_mul, _int8_dequantize, _write_kv, _mkl_linear],
+@pytest.mark.parametrize("make", [_silu_mul, _int8_dequantize, _f32_linear, _write_kv, _mkl_linear],
                          ids=lambda f: f.__name__[1:])
 def test_a_kernel_call_lets_other_python_threads_run(cpu_compiler, make):
     call = _long_enough(make)
