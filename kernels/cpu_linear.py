@@ -71,6 +71,8 @@ ONEDNN_BATCH_HINT = 16  # the row count oneDNN lays a packed weight out for (her
 # packed GEMM takes more rows (figures in kernels/cpu_linear.cpp; at ~96 rows oneDNN's
 # is ahead).
 F32_KERNEL_MAX_ROWS = 64
+# the one build of kernels/cpu_linear.cpp (extension() below loads it too); -ffp-contract=off:
+# q * scale + offset stays a multiply then an add, the same two roundings as dequantize_int8
 F32_KERNELS = cpu_build.DefaultPathKernels(
     "cpu_linear.cpp", "KVSCOPE_CPU_F32_LINEAR", "float32 CPU linears of few rows fall back to oneDNN",
     ("-ffp-contract=off",))
@@ -95,9 +97,7 @@ class KernelUnavailableError(cpu_build.KernelUnavailableError):
 def extension():
     """The compiled kernels (built once per machine, then loaded from the cache)."""
     try:
-        # -ffp-contract=off: q * scale + offset stays a multiply then an add, the same
-        # two roundings as dequantize_int8
-        return cpu_build.load_cpu_extension("cpu_linear.cpp", ("-ffp-contract=off",))
+        return F32_KERNELS.module()
     except cpu_build.KernelUnavailableError as exc:
         raise KernelUnavailableError(
             f"reduced-precision CPU weights need {exc}. Use the default float32 weights instead.") from exc

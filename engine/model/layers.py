@@ -198,7 +198,7 @@ class RopeTables:
 # serves only 4-64 rows, where it was measured ahead of F.linear; oneDNN's serves every
 # step, a 4096-token prefill included. The packed copy doubles the weights' memory.
 # Up to kernels.cpu_linear.F32_KERNEL_MAX_ROWS rows (decode steps) its C++ kernel
-# multiplies the plain weight instead, faster there (figures in kernels/cpu_linear.py).
+# multiplies the plain weight instead, faster there (figures in kernels/cpu_linear.cpp).
 ONEDNN_ROWS = (1, 4096)
 MKL_ROWS = (4, 64)
 
