@@ -43,13 +43,15 @@ namespace {
 
 using namespace kvscope_bf16;
 
-// Calls fn(slot pointer offset, position) for the L token slots of one sequence, block by
-// block (slot = block * bs + offset, in units of one token row).
+// Calls fn(slot, position, ahead) for the L token slots of one sequence, block by block
+// (slot = block * bs + offset, in units of one token row); ahead is the slot a block
+// later, -1 past the context (what a kernel may prefetch).
 template <typename Fn>
 inline void for_each_slot(const int32_t* table, int64_t L, int64_t bs, Fn&& fn) {
   for (int64_t b = 0, p = 0; p < L; ++b) {
     const int64_t base = static_cast<int64_t>(table[b]) * bs;
-    for (int64_t off = 0; off < bs && p < L; ++off, ++p) fn(base + off, p);
+    const int64_t next = (b + 1) * bs < L ? static_cast<int64_t>(table[b + 1]) * bs : -1;
+    for (int64_t off = 0; off < bs && p < L; ++off, ++p) fn(base + off, p, next < 0 || p + bs >= L ? -1 : next + off);
   }
 }
 
@@ -73,16 +75,6 @@ inline void prefetch_row(const TC* cache, int64_t slot, int64_t row_stride) {
   for (int64_t b = 0; b < row_stride * static_cast<int64_t>(sizeof(TC)); b += 64) _mm_prefetch(r + b, _MM_HINT_T1);
 }
 
-// for_each_slot, and with each slot the one a block later (-1 past the context)
-template <typename Fn>
-inline void for_each_slot_ahead(const int32_t* table, int64_t L, int64_t bs, Fn&& fn) {
-  for (int64_t b = 0, p = 0; p < L; ++b) {
-    const int64_t base = static_cast<int64_t>(table[b]) * bs;
-    const int64_t next = (b + 1) * bs < L ? static_cast<int64_t>(table[b + 1]) * bs : -1;
-    for (int64_t off = 0; off < bs && p < L; ++off, ++p) fn(base + off, p, next < 0 || p + bs >= L ? -1 : next + off);
-  }
-}
-
 template <int NV, int G, typename TC>
 void attend_group_avx512(const float* q, const TC* kc, const TC* vc, int64_t row_stride, const int32_t* table,
                          int64_t L, int64_t bs, float scale, float* scores, float* out, const TC* kc0, const TC* vc0) {
@@ -91,7 +83,7 @@ void attend_group_avx512(const float* q, const TC* kc, const TC* vc, int64_t row
     for (int i = 0; i < NV; ++i) qv[g][i] = _mm512_loadu_ps(q + g * 16 * NV + 16 * i);
   float mx[G];
   for (int g = 0; g < G; ++g) mx[g] = -std::numeric_limits<float>::infinity();
-  for_each_slot_ahead(table, L, bs, [&](int64_t slot, int64_t p, int64_t ahead) {
+  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p, int64_t ahead) {
     if (kc0 && ahead >= 0) prefetch_row(kc0, ahead, row_stride);
     const TC* k = kc + slot * row_stride;
     __m512 kv[NV];
@@ -130,7 +122,7 @@ void attend_group_avx512(const float* q, const TC* kc, const TC* vc, int64_t row
   __m512 acc[G][NV];
   for (int g = 0; g < G; ++g)
     for (int i = 0; i < NV; ++i) acc[g][i] = _mm512_setzero_ps();
-  for_each_slot_ahead(table, L, bs, [&](int64_t slot, int64_t p, int64_t ahead) {
+  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p, int64_t ahead) {
     if (vc0 && ahead >= 0) prefetch_row(vc0, ahead, row_stride);
     const TC* v = vc + slot * row_stride;
     __m512 vv[NV];
@@ -146,24 +138,26 @@ void attend_group_avx512(const float* q, const TC* kc, const TC* vc, int64_t row
   }
 }
 
-// attend_group_avx512 for this (head_dim, G), if there is one (G * head_dim / 16 <= 16
-// accumulators, so they stay in registers); null: none for this head_dim at all.
+// attend_group_avx512 for this (head_dim, G), if there is one: NV = head_dim / 16 up to 8
+// and G up to 4 with G * NV <= 16 accumulators, so they stay in registers; null
+// otherwise (G = 1 exists for every such head_dim).
+template <int NV, typename TC>
+GroupFn<TC> group_kernel_nv(int64_t G) {
+  switch (G) {
+    case 1: return attend_group_avx512<NV, 1, TC>;
+    case 2: if constexpr (2 * NV <= 16) return attend_group_avx512<NV, 2, TC>; else return nullptr;
+    case 3: if constexpr (3 * NV <= 16) return attend_group_avx512<NV, 3, TC>; else return nullptr;
+    case 4: if constexpr (4 * NV <= 16) return attend_group_avx512<NV, 4, TC>; else return nullptr;
+    default: return nullptr;
+  }
+}
 template <typename TC>
 GroupFn<TC> group_kernel(int64_t hd, int64_t G) {
-  switch (hd * 16 + G) {
-    case 16 * 16 + 1: return attend_group_avx512<1, 1, TC>;
-    case 16 * 16 + 2: return attend_group_avx512<1, 2, TC>;
-    case 16 * 16 + 4: return attend_group_avx512<1, 4, TC>;
-    case 32 * 16 + 1: return attend_group_avx512<2, 1, TC>;
-    case 32 * 16 + 2: return attend_group_avx512<2, 2, TC>;
-    case 32 * 16 + 3: return attend_group_avx512<2, 3, TC>;
-    case 32 * 16 + 4: return attend_group_avx512<2, 4, TC>;
-    case 64 * 16 + 1: return attend_group_avx512<4, 1, TC>;
-    case 64 * 16 + 2: return attend_group_avx512<4, 2, TC>;
-    case 64 * 16 + 3: return attend_group_avx512<4, 3, TC>;
-    case 64 * 16 + 4: return attend_group_avx512<4, 4, TC>;
-    case 128 * 16 + 1: return attend_group_avx512<8, 1, TC>;
-    case 128 * 16 + 2: return attend_group_avx512<8, 2, TC>;
+  switch (hd) {
+    case 16: return group_kernel_nv<1, TC>(G);
+    case 32: return group_kernel_nv<2, TC>(G);
+    case 64: return group_kernel_nv<4, TC>(G);
+    case 128: return group_kernel_nv<8, TC>(G);
     default: return nullptr;
   }
 }
@@ -175,7 +169,7 @@ void attend_head_scalar(const float* q, const TC* kc, const TC* vc, int64_t row_
                         const int32_t* table, int64_t L, int64_t bs, int64_t hd, float scale,
                         float* scores, float* out) {
   float mx = -std::numeric_limits<float>::infinity();
-  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
+  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p, int64_t) {
     const TC* k = kc + slot * row_stride;
     float total = 0.f;
     for (int64_t i = 0; i < hd; ++i) total += q[i] * widen(k[i]);
@@ -186,7 +180,7 @@ void attend_head_scalar(const float* q, const TC* kc, const TC* vc, int64_t row_
   for (int64_t p = 0; p < L; ++p) sum += (scores[p] = std::exp(scores[p] - mx));
   const float inv = 1.f / sum;
   std::fill(out, out + hd, 0.f);
-  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p) {
+  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p, int64_t) {
     const TC* v = vc + slot * row_stride;
     for (int64_t i = 0; i < hd; ++i) out[i] += scores[p] * widen(v[i]);
   });
