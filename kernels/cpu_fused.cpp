@@ -4,7 +4,8 @@
 // about a fifth of the decode step; at 64 sequences about a tenth (bench/RESULTS.md).
 //
 //   silu_mul:     silu(gate) * up, bitwise as torch's (x / (1 + exp(-x)), exp from
-//                 SLEEF in 32-wide chunks and std::exp for the tail, as ATen's loops).
+//                 SLEEF in 32-wide chunks (16-wide with AVX2) and std::exp for the tail,
+//                 as ATen's loops).
 //   rope:         x * cos + swap_halves(x) * signed_sin, bitwise as RopeTables.apply.
 //   add_rms_norm: residual += x (optional), then residual * rsqrt(mean(residual^2) +
 //                 eps) * weight: the same roundings as torch.rms_norm except the order
@@ -29,6 +30,9 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 extern "C" __m512 Sleef_expf16_u10(__m512);  // ATen's vectorized exp on AVX-512 (libtorch_cpu)
+#elif defined(__AVX2__)
+#include <immintrin.h>
+extern "C" __m256 Sleef_expf8_u10(__m256);  // ATen's vectorized exp on AVX2 (libtorch_cpu)
 #endif
 
 namespace {
@@ -83,6 +87,17 @@ void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
           const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
           const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, e));
           store16(o + j, _mm512_mul_ps(s, load16(u + j)));
+        }
+      }
+#elif defined(__AVX2__)
+      const __m256 one = _mm256_set1_ps(1.f);
+      const __m256 sign = _mm256_set1_ps(-0.f);
+      for (; i + 16 <= I; i += 16) {  // ATen's AVX2 loop: two vectors of 8 per iteration
+        for (int64_t j = i; j < i + 16; j += 8) {
+          const __m256 x = load8(g + j);
+          const __m256 e = Sleef_expf8_u10(_mm256_xor_ps(x, sign));
+          const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+          store8(o + j, _mm256_mul_ps(s, load8(u + j)));
         }
       }
 #endif
