@@ -30,7 +30,9 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from engine import envs
 
@@ -201,10 +203,14 @@ class DefaultPathKernels:
     """A C++ extension that the default path uses where it builds: on unless
     ``env_var=0``; the first ``enabled()`` call decides it for the process (building or
     loading it, and logging once when it cannot). ``on`` is that decision (written only
-    by ``enabled``, and by A/B benchmarks and tests that flip it)."""
+    by ``enabled``, and by A/B benchmarks and tests that flip it). ``refuses``: given the
+    module, why it must not be used on this CPU (None: it may), e.g. a build with no vector
+    path where the default path's own is faster."""
 
-    def __init__(self, source: str, env_var: str, fallback: str, extra_cflags: tuple[str, ...] = ()) -> None:
+    def __init__(self, source: str, env_var: str, fallback: str, extra_cflags: tuple[str, ...] = (),
+                 refuses: Callable[[Any], str | None] = lambda module: None) -> None:
         self.source, self.env_var, self.fallback, self.extra_cflags = source, env_var, fallback, extra_cflags
+        self.refuses = refuses
         self.on: bool | None = None
 
     def module(self):
@@ -219,11 +225,12 @@ class DefaultPathKernels:
                         self.on = False
                     else:
                         try:
-                            self.module()
-                            self.on = True
+                            why = self.refuses(self.module())
                         except KernelUnavailableError as exc:
-                            logger.warning("%s: %s", self.fallback, exc)
-                            self.on = False
+                            why = str(exc)
+                        if why is not None:
+                            logger.warning("%s: %s", self.fallback, why)
+                        self.on = why is None
         return self.on
 
 

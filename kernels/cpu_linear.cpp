@@ -220,7 +220,8 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 // y = x W^T for M <= ~64 rows, straight from the [N, K] float32 weight (no packed copy):
 // a task takes runs of kNr = 4 consecutive weight rows (4 K floats, contiguous) and
 // multiplies each run by the input rows 4 at a time: 16 accumulators of 16 lanes over K,
-// summed across their lanes together at the end (hsum16: 15 shuffle-adds for 16 sums).
+// summed across their lanes together at the end (sums_of; AVX-512's hsum16: 15
+// shuffle-adds for 16 sums).
 // The weights stream from memory once per call, and the task's next run is prefetched
 // into L2 while this one is multiplied, spread over the passes of 4 input rows, so the
 // stream and the FMAs overlap. oneDNN's GEMM on its packed weight did the two one after
@@ -228,11 +229,25 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 // wall ms (bench/RESULTS.md, session 23), oneDNN / this: 1 row 32-34 / 23-24, 4 rows 34 /
 // 27, 16 rows 47 / 32-33, 64 rows 91-96 / 84-85; from ~96 rows oneDNN is ahead. Every
 // product and sum is float32 (FMA); only the order of the sum differs from oneDNN's.
-
-constexpr int kNr = 4;  // weight rows a task multiplies at once
-constexpr int kMr = 4;  // input rows per pass over them
+//
+// The same code for AVX2 (8 lanes, 16 registers: runs of 3 weight rows by 4 input rows,
+// 12 accumulators); there, on a 2-core AMD EPYC (Zen 3, session 24), oneDNN / this: 1 row
+// 46-52 / 31-34, 8 rows ~54 / 40, 16 rows 80-99 / 56-58, 32 rows 119-128 / 107-109, 64 rows
+// 182-200 / 197-209 (even). A build with neither has only the scalar loop, ~10x slower than
+// oneDNN, and kernels/cpu_linear.py leaves every row count to oneDNN (f32_linear_lanes).
 
 #if defined(__AVX512F__)
+#define KVSCOPE_F32_VECTOR 16
+using VecF = __m512;
+constexpr int kNr = 4;  // weight rows a task multiplies at once
+constexpr int kMr = 4;  // input rows per pass over them: 16 accumulators of 32 registers
+inline VecF vzero() { return _mm512_setzero_ps(); }
+inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline VecF vload_first(const float* p, int64_t n) {  // p[0..n), n < 16; zeros after
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+}
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+
 // lane i of the result = the sum of v[i]'s 16 lanes
 inline __m512 hsum16(const __m512* v) {
   __m512 w[8], x[4];
@@ -250,44 +265,81 @@ inline __m512 hsum16(const __m512* v) {
   const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(idx, r);
 }
+// sums[i] = the sum of v[i]'s lanes, for C accumulators
+template <int C>
+inline void sums_of(const VecF* v, float* sums) {
+  if constexpr (C == 16) {
+    _mm512_storeu_ps(sums, hsum16(v));
+  } else {
+    for (int i = 0; i < C; ++i) sums[i] = _mm512_reduce_add_ps(v[i]);
+  }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KVSCOPE_F32_VECTOR 8
+using VecF = __m256;
+constexpr int kNr = 3;  // weight rows a task multiplies at once
+constexpr int kMr = 4;  // input rows per pass: 12 accumulators + 3 weight vectors + an input vector of 16 registers
+inline VecF vzero() { return _mm256_setzero_ps(); }
+inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline VecF vload_first(const float* p, int64_t n) {  // p[0..n), n < 8; zeros after
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane));
+}
+inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+
+// sums[i] = the sum of v[i]'s lanes, for C accumulators: 4 at a time by two rounds of hadd
+// (lanes: v[0..3]'s low-half sums, then their high-half sums) and one add of the halves
+template <int C>
+inline void sums_of(const VecF* v, float* sums) {
+  int i = 0;
+  for (; i + 4 <= C; i += 4) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v[i], v[i + 1]), _mm256_hadd_ps(v[i + 2], v[i + 3]));
+    _mm_storeu_ps(sums + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
+  for (; i < C; ++i) {
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v[i]), _mm256_extractf128_ps(v[i], 1));
+    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    sums[i] = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+  }
+}
+#else
+constexpr int kNr = 4;  // weight rows a task multiplies at once (the scalar loop)
+#endif
+
+#ifdef KVSCOPE_F32_VECTOR
+constexpr int kLanes = KVSCOPE_F32_VECTOR;
 
 // out[m, n] for MR input rows and NR weight rows (w: NR rows of K floats, one after another); while at
 // it, prefetch rows [p0, p1) of the next run ``pf`` at the same K offsets.
 template <int MR, int NR>
 inline void f32_block(const float* x, int64_t K, const float* w, float* out, int64_t ldo, const float* pf, int p0,
                       int p1) {
-  __m512 acc[MR][NR];
+  VecF acc[MR][NR];
   for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
+    for (int n = 0; n < NR; ++n) acc[m][n] = vzero();
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = _mm512_loadu_ps(w + n * K + k);
+  for (; k + kLanes <= K; k += kLanes) {
+    VecF wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = vload(w + n * K + k);
     if (pf)
       for (int n = p0; n < p1; ++n) _mm_prefetch(reinterpret_cast<const char*>(pf + n * K + k), _MM_HINT_T1);
     for (int m = 0; m < MR; ++m) {
-      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
-      for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
+      const VecF xv = vload(x + m * K + k);
+      for (int n = 0; n < NR; ++n) acc[m][n] = vfma(xv, wv[n], acc[m][n]);
     }
   }
-  if (k < K) {  // the last K % 16 (masked loads cost a port the FMAs need: not in the loop above)
-    const __mmask16 mk = static_cast<__mmask16>((1u << (K - k)) - 1);
-    __m512 wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = _mm512_maskz_loadu_ps(mk, w + n * K + k);
+  if (k < K) {  // the last K % kLanes (masked loads cost a port the FMAs need: not in the loop above)
+    VecF wv[NR];
+    for (int n = 0; n < NR; ++n) wv[n] = vload_first(w + n * K + k, K - k);
     for (int m = 0; m < MR; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mk, x + m * K + k);
-      for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
+      const VecF xv = vload_first(x + m * K + k, K - k);
+      for (int n = 0; n < NR; ++n) acc[m][n] = vfma(xv, wv[n], acc[m][n]);
     }
   }
-  if constexpr (MR * NR == 16) {
-    alignas(64) float sums[16];
-    _mm512_store_ps(sums, hsum16(&acc[0][0]));
-    for (int m = 0; m < MR; ++m)
-      for (int n = 0; n < NR; ++n) out[m * ldo + n] = sums[m * NR + n];
-  } else {
-    for (int m = 0; m < MR; ++m)
-      for (int n = 0; n < NR; ++n) out[m * ldo + n] = _mm512_reduce_add_ps(acc[m][n]);
-  }
+  float sums[MR * NR];
+  sums_of<MR * NR>(&acc[0][0], sums);
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) out[m * ldo + n] = sums[m * NR + n];
 }
 
 // All M rows against one run of NR weight rows, kMr rows a pass; the prefetch of the next
@@ -303,14 +355,22 @@ void f32_run(const float* x, int64_t M, int64_t K, const float* w, float* out, i
     const float* xm = x + m * K;
     float* om = out + m * N;
     switch (std::min<int64_t>(kMr, M - m)) {
-      case 4: f32_block<4, NR>(xm, K, w, om, N, pp, p0, p1); break;
-      case 3: f32_block<3, NR>(xm, K, w, om, N, pp, p0, p1); break;
+      case 4: if constexpr (kMr >= 4) f32_block<4, NR>(xm, K, w, om, N, pp, p0, p1); break;
+      case 3: if constexpr (kMr >= 3) f32_block<3, NR>(xm, K, w, om, N, pp, p0, p1); break;
       case 2: f32_block<2, NR>(xm, K, w, om, N, pp, p0, p1); break;
       default: f32_block<1, NR>(xm, K, w, om, N, pp, p0, p1); break;
     }
   }
 }
 #endif
+
+int64_t f32_linear_lanes() {
+#ifdef KVSCOPE_F32_VECTOR
+  return KVSCOPE_F32_VECTOR;
+#else
+  return 0;  // the scalar loop: far slower than oneDNN, which the Python side then keeps
+#endif
+}
 
 torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.is_contiguous() && w.device().is_cpu(),
@@ -330,7 +390,7 @@ torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t n = r * kNr, nr = std::min<int64_t>(kNr, N - n);
       float* o = op + n;
-#if defined(__AVX512F__)
+#ifdef KVSCOPE_F32_VECTOR
       const float* pf = r + 1 < r1 ? wp + (n + kNr) * K : nullptr;  // the next run of this task
       const float* wr = wp + n * K;
       switch (nr) {
@@ -630,6 +690,7 @@ void int8_dequantize(torch::Tensor w, torch::Tensor scales, torch::Tensor offset
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "x [M,K] f32 @ (int8 [N,K] * scales + offsets [N,K/32])^T (+ bias)",
         py::call_guard<py::gil_scoped_release>());
+  m.def("f32_linear_lanes", &f32_linear_lanes, "f32_linear's vector width in floats (16 AVX-512, 8 AVX2), 0: scalar");
   m.def("f32_linear", &f32_linear, "x [M,K] f32 @ (f32 [N,K])^T (+ bias), few rows (M <= ~64)",
         py::call_guard<py::gil_scoped_release>());
   m.def("bf16_linear", &bf16_linear, "x [M,K] f32 @ (bf16 [N,K])^T (+ bias), f32 compute",

@@ -68,21 +68,32 @@ BF16_ONEDNN_MIN_ROWS = 2
 ONEDNN_BATCH_HINT = 16  # the row count oneDNN lays a packed weight out for (here and engine/model/layers.py)
 # float32 weights, the default format: up to this many rows (decode steps) the kernel's
 # f32_linear multiplies the plain [N, K] weight, streaming it while it computes; oneDNN's
-# packed GEMM takes more rows (figures in kernels/cpu_linear.cpp; at ~96 rows oneDNN's
-# is ahead).
-F32_KERNEL_MAX_ROWS = 64
+# packed GEMM takes more rows. By the kernel's vector width (f32_linear_lanes: 16 AVX-512,
+# 8 AVX2), where it stops winning (figures in kernels/cpu_linear.cpp: ~96 rows with
+# AVX-512, 40-48 with AVX2). A build with neither has only a scalar loop, ~10x slower than
+# oneDNN, and oneDNN keeps every row count.
+F32_KERNEL_MAX_ROWS = {16: 64, 8: 32}
 # the one build of kernels/cpu_linear.cpp (extension() below loads it too); -ffp-contract=off:
 # q * scale + offset stays a multiply then an add, the same two roundings as dequantize_int8
 F32_KERNELS = cpu_build.DefaultPathKernels(
     "cpu_linear.cpp", "KVSCOPE_CPU_F32_LINEAR", "float32 CPU linears of few rows fall back to oneDNN",
-    ("-ffp-contract=off",))
+    ("-ffp-contract=off",),
+    lambda module: None if module.f32_linear_lanes() in F32_KERNEL_MAX_ROWS else
+    "f32_linear has no vector path for this CPU (neither AVX-512 nor AVX2)")
 
 
 def f32_kernel_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``f32_linear`` multiplies these: float32 CPU x of 1..F32_KERNEL_MAX_ROWS
-    contiguous rows, a contiguous weight, and the kernels built and on."""
-    return (1 <= x.shape[0] <= F32_KERNEL_MAX_ROWS and x.is_contiguous() and weight.is_contiguous()
-            and F32_KERNELS.enabled())
+    """Whether ``f32_linear`` multiplies these: the kernels built, on and vectorized here,
+    float32 CPU x of 1..f32_kernel_max_rows() contiguous rows, a contiguous weight."""
+    return (F32_KERNELS.enabled() and 1 <= x.shape[0] <= f32_kernel_max_rows() and x.is_contiguous()
+            and weight.is_contiguous())
+
+
+@functools.cache
+def f32_kernel_max_rows() -> int:
+    """The most rows ``f32_linear`` takes with this build (F32_KERNEL_MAX_ROWS by its vector
+    width); ask only where ``F32_KERNELS.enabled()``."""
+    return F32_KERNEL_MAX_ROWS[F32_KERNELS.module().f32_linear_lanes()]
 
 
 def f32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -134,12 +134,12 @@ def test_kernel_rejects_bad_inputs(ext):
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16, 17, 64])
-@pytest.mark.parametrize("n,k", [(1, 16), (3, 17), (4, 576), (7, 31), (13, 64), (961, 1536)])
+@pytest.mark.parametrize("n,k", [(1, 16), (2, 8), (3, 17), (4, 576), (5, 9), (7, 31), (13, 64), (961, 1536)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_f32_linear_is_a_float32_product(ext, rows, n, k, bias):
     """The few-rows float32 kernel against a float64 product: every run length of weight
-    rows (N mod 4), every pass of input rows (M mod 4), K not a multiple of 16 (the
-    masked tail), within float32's rounding of sums of K products (F.linear's own error,
+    rows (N mod 4 with AVX-512, N mod 3 with AVX2), every pass of input rows (M mod 4), K
+    not a multiple of the vector (16 or 8 floats: the masked tail), within float32's rounding of sums of K products (F.linear's own error,
     measured beside it, is of the same size)."""
     x, w = torch.randn(rows, k), torch.randn(n, k)
     b = torch.randn(n) if bias else None
@@ -164,7 +164,7 @@ def test_f32_linear_rejects_bad_inputs(ext):
 
 
 def test_float32_linears_of_few_rows_take_the_kernel_and_more_rows_onednn(ext, monkeypatch):
-    """PackedWeightCache routes 1..F32_KERNEL_MAX_ROWS rows to f32_linear (the plain
+    """PackedWeightCache routes 1..f32_kernel_max_rows() rows to f32_linear (the plain
     weight) and more to oneDNN's packed copy; KVSCOPE_CPU_F32_LINEAR=0's switch
     (F32_KERNELS.on) sends few rows back to oneDNN."""
     from engine.model import layers
@@ -177,13 +177,38 @@ def test_float32_linears_of_few_rows_take_the_kernel_and_more_rows_onednn(ext, m
     lin = Linear(64, 48, False)
     with torch.no_grad():
         lin.weight.copy_(_weight(48, 64))
-    for rows in (1, 16, C.F32_KERNEL_MAX_ROWS, C.F32_KERNEL_MAX_ROWS + 1):
+    if not C.F32_KERNELS.enabled():
+        pytest.skip("f32_linear has no vector path on this CPU (the test below covers that)")
+    top = C.f32_kernel_max_rows()
+    assert top == C.F32_KERNEL_MAX_ROWS[ext.f32_linear_lanes()]
+    for rows in (1, 16, top, top + 1):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight), atol=1e-5, rtol=1e-5)
-    assert calls == [1, 16, C.F32_KERNEL_MAX_ROWS]
+    assert calls == [1, 16, top]
     monkeypatch.setattr(C.F32_KERNELS, "on", False)
     lin(torch.randn(4, 64))
-    assert calls == [1, 16, C.F32_KERNEL_MAX_ROWS]
+    assert calls == [1, 16, top]
+
+
+def test_a_build_without_a_vector_path_leaves_float32_linears_to_onednn(ext, caplog):
+    """f32_linear's scalar loop (a build for a CPU with neither AVX-512 nor AVX2) is ~10x
+    slower than oneDNN: F32_KERNELS refuses such a build, with a warning, and stays off."""
+    from types import SimpleNamespace
+
+    from kernels import cpu_build
+
+    assert ext.f32_linear_lanes() in (0, 8, 16)
+    for lanes in (16, 8):
+        assert C.F32_KERNELS.refuses(SimpleNamespace(f32_linear_lanes=lambda: lanes)) is None
+    scalar = SimpleNamespace(f32_linear_lanes=lambda: 0)
+    why = C.F32_KERNELS.refuses(scalar)
+    assert "no vector path" in why
+    kernels = cpu_build.DefaultPathKernels("cpu_linear.cpp", "KVSCOPE_CPU_F32_LINEAR", "falls back",
+                                           refuses=C.F32_KERNELS.refuses)
+    kernels.module = lambda: scalar
+    with caplog.at_level("WARNING", logger="kernels.cpu_build"):
+        assert kernels.enabled() is False
+    assert f"falls back: {why}" in caplog.text
 
 
 @pytest.mark.parametrize("fmt", ["int8", "bfloat16"])
