@@ -128,16 +128,28 @@ def loadavg() -> tuple[float, float, float] | None:
         return None
 
 
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")  # /proc/cpuinfo names
+
+
+def cpu_label(machine: dict[str, Any]) -> str:
+    """'a 2-core AMD EPYC (avx2)': the machine a result was measured on, for its text."""
+    isa = f" ({', '.join(machine['isa'])})" if machine.get("isa") else ""
+    return f"a {machine.get('cores', '?')}-core {machine.get('cpu', 'unknown CPU')}{isa}"
+
+
 def machine_info() -> dict[str, Any]:
     """CPU model, cores, torch/transformers versions, threads and the load right now."""
     import torch
 
     cpu = platform.processor() or "unknown"
+    flags: set[str] = set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
                     break
     except OSError:
         pass
@@ -160,6 +172,8 @@ def machine_info() -> dict[str, Any]:
         pass
     return {
         "cpu": cpu,
+        # what its kernels can use: the same C++ runs AVX-512 or AVX2 code (kernels/*.cpp)
+        "isa": [f for f in ISA_FLAGS if f in flags],
         "cores": os.cpu_count(),
         "usable_cores": usable,
         "torch": torch.__version__,

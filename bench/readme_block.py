@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.measure import cpu_label
 from bench.vllm_compare import JSON as VLLM_JSON, JSON_BF16 as VLLM_BF16_JSON  # each comparison's own file
 
 BEGIN = "<!-- bench-summary:begin (generated from bench/results_cpu.json by `kvscope bench --update-readme`) -->"
@@ -52,7 +53,7 @@ def render(results: dict) -> str:
                 f"{_pct(b64)} ({_pct(c64)}) of the measured GEMM ceiling, 1-sequence decode at "
                 f"{_pct(b1)} ({_pct(c1)}) of the fp32 weight-streaming limit.")
     return (
-        f"On the {m['cores']}-core CPU box (`kvscope bench`, run of {m['date']}, "
+        f"On {cpu_label(m)} (`kvscope bench`, run of {m['date']}, "
         f"{c['model']} float32, {threads}, same process for both "
         "systems, greedy tokens identical): kvscope's throughput is "
         f"{_x(_target(results, 'mixed: throughput'))} transformers' static batching on "
@@ -71,10 +72,12 @@ def render_vllm(res: dict) -> str:
     ratios = ", ".join(f"{_x(r['ratio'])} at concurrency {r['concurrency']}" for r in res["rows"])
     if o.get("dtype", "float32") != "float32":
         return (f"In {o['dtype']} on both sides (vLLM's own default for this float32 model on an x86 CPU; "
-                f"`kvscope bench --baseline vllm --dtype {o['dtype']}`, run of {res['machine']['date']}, "
-                f"the same requests and threads), kvscope's output throughput is {ratios}.")
+                f"`kvscope bench --baseline vllm --dtype {o['dtype']}`, run of {res['machine']['date']} on "
+                f"{cpu_label(res['machine'])}, the same requests and threads), kvscope's output "
+                f"throughput is {ratios}.")
     return (f"Against vLLM's own CPU build ({res['vllm']}, `kvscope bench --baseline vllm`, run of "
-            f"{res['machine']['date']}, {o['threads']} CPU thread{'s' if o['threads'] != 1 else ''} "
+            f"{res['machine']['date']} on {cpu_label(res['machine'])}, "
+            f"{o['threads']} CPU thread{'s' if o['threads'] != 1 else ''} "
             f"each, through both OpenAI servers, prompts of {o['prompt_tokens']} tokens and "
             f"{o['output_tokens']} output tokens, outputs "
             + ("token-identical" if res["outputs_identical"] else "not identical")

@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.measure import loadavg, machine_info, percentile
+from bench.measure import cpu_label, loadavg, machine_info, percentile
 
 VOCAB_LOW, VOCAB_HIGH = 100, 49_000  # SmolLM2's ordinary tokens (its specials sit below 17)
 GOALS = {1: 1.0, 16: 1.2, 64: 1.2}  # issue 33: kvscope / vLLM output tokens/s, equal threads
@@ -271,7 +271,8 @@ def render_markdown(res: dict) -> str:
     command = "kvscope bench --baseline vllm" + ("" if dtype == "float32" else f" --dtype {dtype}")
     lines = [
         f"**kvscope against vLLM's CPU build** ({res['vllm']}), `{command}`, "
-        f"{res['machine'].get('date', '')}: {o['threads']} CPU thread(s) each, {dtype}, block size 32, "
+        f"{res['machine'].get('date', '')} on {cpu_label(res['machine'])}: {o['threads']} CPU thread(s) each, "
+        f"{dtype}, block size 32, "
         f"prompts of {o['prompt_tokens']} random tokens, {o['output_tokens']} output tokens "
         f"(ignore_eos, greedy), {o['pairs']} alternating pair(s) per concurrency; load average "
         f"{res['loadavg_before']} before, {res['loadavg_after']} after. Outputs "

@@ -2,6 +2,7 @@
 
 import json
 
+from bench.measure import cpu_label
 from bench.readme_block import (BEGIN, END, JSON, README, VLLM_BF16_JSON, VLLM_JSON, block, readme_block,
                                 update_readme)
 
@@ -15,6 +16,9 @@ def test_readme_quotes_the_committed_results_exactly():
             assert f"{r['ratio']:.2f}x at concurrency {r['concurrency']}" in readme_block(README.read_text())
     if bf16:
         assert "In bfloat16 on both sides" in readme_block(README.read_text())
+    for res in (results, vllm, bf16):  # each run says which CPU it ran on (they differ between sessions)
+        if res:
+            assert f"on {cpu_label(res['machine'])}" in readme_block(README.read_text())
     text = block(results)
     for t in results["targets"]:  # every headline figure comes from the JSON
         v = t["value"]
@@ -34,3 +38,13 @@ def test_update_rewrites_only_the_block(tmp_path):
     out = readme.read_text()
     assert out.startswith("head\n") and out.endswith("\ntail\n") and "9.99x" in out
     assert "stale" not in out and update_readme(j, readme, vllm_json=tmp_path / "none.json", vllm_bf16_json=tmp_path / "none.json") is False
+
+
+def test_a_result_names_its_cpu_and_what_its_kernels_can_use():
+    from bench.measure import machine_info
+
+    assert cpu_label({"cores": 2, "cpu": "AMD EPYC", "isa": ["avx2"]}) == "a 2-core AMD EPYC (avx2)"
+    assert cpu_label({"cores": 2, "cpu": "Intel(R) Xeon(R) Processor"}) == "a 2-core Intel(R) Xeon(R) Processor"
+    isa = machine_info()["isa"]
+    flags = open("/proc/cpuinfo").read()
+    assert all(f in flags for f in isa) and (("avx2" in isa) == (" avx2 " in flags.replace("\n", " ")))
