@@ -27,13 +27,6 @@
 
 #include "cpu_bf16.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-extern "C" __m512 Sleef_expf16_u10(__m512);  // ATen's vectorized exp on AVX-512 (libtorch_cpu)
-#elif defined(__AVX2__)
-#include <immintrin.h>
-extern "C" __m256 Sleef_expf8_u10(__m256);  // ATen's vectorized exp on AVX2 (libtorch_cpu)
-#endif
 
 namespace {
 

@@ -30,6 +30,12 @@
 #include <immintrin.h>  // also for the VNNI kernel's target attribute
 #endif
 
+#include "cpu_bf16.h"  // Vec: the float vector ops of this build (AVX-512 or AVX2), if any
+
+#ifdef KVSCOPE_VEC
+using kvscope_bf16::Vec;
+#endif
+
 namespace {
 
 constexpr int64_t kGroup = 32;  // int8 weights per scale
@@ -236,17 +242,12 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 // 182-200 / 197-209 (even). A build with neither has only the scalar loop, ~10x slower than
 // oneDNN, and kernels/cpu_linear.py leaves every row count to oneDNN (f32_linear_lanes).
 
+#ifdef KVSCOPE_VEC
+constexpr int kLanes = Vec::W;
+using VecF = Vec::T;
 #if defined(__AVX512F__)
-#define KVSCOPE_F32_VECTOR 16
-using VecF = __m512;
 constexpr int kNr = 4;  // weight rows a task multiplies at once
 constexpr int kMr = 4;  // input rows per pass over them: 16 accumulators of 32 registers
-inline VecF vzero() { return _mm512_setzero_ps(); }
-inline VecF vload(const float* p) { return _mm512_loadu_ps(p); }
-inline VecF vload_first(const float* p, int64_t n) {  // p[0..n), n < 16; zeros after
-  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
-}
-inline VecF vfma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
 
 // lane i of the result = the sum of v[i]'s 16 lanes
 inline __m512 hsum16(const __m512* v) {
@@ -271,22 +272,12 @@ inline void sums_of(const VecF* v, float* sums) {
   if constexpr (C == 16) {
     _mm512_storeu_ps(sums, hsum16(v));
   } else {
-    for (int i = 0; i < C; ++i) sums[i] = _mm512_reduce_add_ps(v[i]);
+    for (int i = 0; i < C; ++i) sums[i] = Vec::sum(v[i]);
   }
 }
-#elif defined(__AVX2__) && defined(__FMA__)
-#define KVSCOPE_F32_VECTOR 8
-using VecF = __m256;
+#else  // AVX2
 constexpr int kNr = 3;  // weight rows a task multiplies at once
 constexpr int kMr = 4;  // input rows per pass: 12 accumulators + 3 weight vectors + an input vector of 16 registers
-inline VecF vzero() { return _mm256_setzero_ps(); }
-inline VecF vload(const float* p) { return _mm256_loadu_ps(p); }
-inline VecF vload_first(const float* p, int64_t n) {  // p[0..n), n < 8; zeros after
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane));
-}
-inline VecF vfma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
-
 // sums[i] = the sum of v[i]'s lanes, for C accumulators: 4 at a time by two rounds of hadd
 // (lanes: v[0..3]'s low-half sums, then their high-half sums) and one add of the halves
 template <int C>
@@ -296,18 +287,14 @@ inline void sums_of(const VecF* v, float* sums) {
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v[i], v[i + 1]), _mm256_hadd_ps(v[i + 2], v[i + 3]));
     _mm_storeu_ps(sums + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
   }
-  for (; i < C; ++i) {
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v[i]), _mm256_extractf128_ps(v[i], 1));
-    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    sums[i] = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
-  }
+  for (; i < C; ++i) sums[i] = Vec::sum(v[i]);
 }
+#endif
 #else
 constexpr int kNr = 4;  // weight rows a task multiplies at once (the scalar loop)
 #endif
 
-#ifdef KVSCOPE_F32_VECTOR
-constexpr int kLanes = KVSCOPE_F32_VECTOR;
+#ifdef KVSCOPE_VEC
 
 // out[m, n] for MR input rows and NR weight rows (w: NR rows of K floats, one after another); while at
 // it, prefetch rows [p0, p1) of the next run ``pf`` at the same K offsets.
@@ -316,24 +303,24 @@ inline void f32_block(const float* x, int64_t K, const float* w, float* out, int
                       int p1) {
   VecF acc[MR][NR];
   for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NR; ++n) acc[m][n] = vzero();
+    for (int n = 0; n < NR; ++n) acc[m][n] = Vec::zero();
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     VecF wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = vload(w + n * K + k);
+    for (int n = 0; n < NR; ++n) wv[n] = Vec::load(w + n * K + k);
     if (pf)
       for (int n = p0; n < p1; ++n) _mm_prefetch(reinterpret_cast<const char*>(pf + n * K + k), _MM_HINT_T1);
     for (int m = 0; m < MR; ++m) {
-      const VecF xv = vload(x + m * K + k);
-      for (int n = 0; n < NR; ++n) acc[m][n] = vfma(xv, wv[n], acc[m][n]);
+      const VecF xv = Vec::load(x + m * K + k);
+      for (int n = 0; n < NR; ++n) acc[m][n] = Vec::fma(xv, wv[n], acc[m][n]);
     }
   }
   if (k < K) {  // the last K % kLanes (masked loads cost a port the FMAs need: not in the loop above)
     VecF wv[NR];
-    for (int n = 0; n < NR; ++n) wv[n] = vload_first(w + n * K + k, K - k);
+    for (int n = 0; n < NR; ++n) wv[n] = Vec::load_first(w + n * K + k, K - k);
     for (int m = 0; m < MR; ++m) {
-      const VecF xv = vload_first(x + m * K + k, K - k);
-      for (int n = 0; n < NR; ++n) acc[m][n] = vfma(xv, wv[n], acc[m][n]);
+      const VecF xv = Vec::load_first(x + m * K + k, K - k);
+      for (int n = 0; n < NR; ++n) acc[m][n] = Vec::fma(xv, wv[n], acc[m][n]);
     }
   }
   float sums[MR * NR];
@@ -365,8 +352,8 @@ void f32_run(const float* x, int64_t M, int64_t K, const float* w, float* out, i
 #endif
 
 int64_t f32_linear_lanes() {
-#ifdef KVSCOPE_F32_VECTOR
-  return KVSCOPE_F32_VECTOR;
+#ifdef KVSCOPE_VEC
+  return KVSCOPE_VEC;
 #else
   return 0;  // the scalar loop: far slower than oneDNN, which the Python side then keeps
 #endif
@@ -390,7 +377,7 @@ torch::Tensor f32_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t n = r * kNr, nr = std::min<int64_t>(kNr, N - n);
       float* o = op + n;
-#ifdef KVSCOPE_F32_VECTOR
+#ifdef KVSCOPE_VEC
       const float* pf = r + 1 < r1 ? wp + (n + kNr) * K : nullptr;  // the next run of this task
       const float* wr = wp + n * K;
       switch (nr) {
