@@ -80,10 +80,13 @@ struct Vec {
   static T add(T a, T b) { return _mm512_add_ps(a, b); }
   static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm512_div_ps(a, b); }
+  static T neg(T a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.f)); }  // the sign bit flipped, as ATen's
   static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T exp(T a) { return Sleef_expf16_u10(a); }
   static float sum(T a) { return _mm512_reduce_add_ps(a); }
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static void store(bf16* p, T v) { store16(p, v); }
   // p[0..n), n < W: loaded with zeros after; stored; v with its lanes from n on zeroed
   static __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
   static T load_first(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
@@ -102,6 +105,8 @@ struct Vec {
   static T add(T a, T b) { return _mm256_add_ps(a, b); }
   static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
   static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T div(T a, T b) { return _mm256_div_ps(a, b); }
+  static T neg(T a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.f)); }  // the sign bit flipped, as ATen's
   static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T exp(T a) { return Sleef_expf8_u10(a); }
   static float sum(T a) {
@@ -110,6 +115,7 @@ struct Vec {
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
   }
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static void store(bf16* p, T v) { store8(p, v); }
   static __m256i first(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }

@@ -71,26 +71,14 @@ void silu_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
       const TI* u = g + I;
       TO* o = dst + t * ld;
       int64_t i = 0;
-#if defined(__AVX512F__)
-      const __m512 one = _mm512_set1_ps(1.f);
-      const __m512 sign = _mm512_set1_ps(-0.f);
-      for (; i + 32 <= I; i += 32) {  // ATen's vectorized loop: two vectors per iteration
-        for (int64_t j = i; j < i + 32; j += 16) {
-          const __m512 x = load16(g + j);
-          const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(x, sign));
-          const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, e));
-          store16(o + j, _mm512_mul_ps(s, load16(u + j)));
-        }
-      }
-#elif defined(__AVX2__)
-      const __m256 one = _mm256_set1_ps(1.f);
-      const __m256 sign = _mm256_set1_ps(-0.f);
-      for (; i + 16 <= I; i += 16) {  // ATen's AVX2 loop: two vectors of 8 per iteration
-        for (int64_t j = i; j < i + 16; j += 8) {
-          const __m256 x = load8(g + j);
-          const __m256 e = Sleef_expf8_u10(_mm256_xor_ps(x, sign));
-          const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
-          store8(o + j, _mm256_mul_ps(s, load8(u + j)));
+#ifdef KVSCOPE_VEC
+      constexpr int W = Vec::W;
+      const Vec::T one = Vec::set1(1.f);
+      for (; i + 2 * W <= I; i += 2 * W) {  // ATen's vectorized loop: two vectors per iteration
+        for (int64_t j = i; j < i + 2 * W; j += W) {
+          const Vec::T x = Vec::load(g + j);
+          const Vec::T s = Vec::div(x, Vec::add(one, Vec::exp(Vec::neg(x))));
+          Vec::store(o + j, Vec::mul(s, Vec::load(u + j)));
         }
       }
 #endif
