@@ -13,6 +13,7 @@
     python -m bench.step_ab onednn_1row --batch 1  # batch-1 linears through F.linear / oneDNN's packed weight
     python -m bench.step_ab fused_grain --batch 64  # the fused ops split into tasks from 2^14 / 2^18 elements
     python -m bench.step_ab f32_linear --batch 16 --prompt-len 210  # few-row float32 linears: oneDNN vs the C++ kernel
+    python -m bench.step_ab prefill_kernel --prompt-len 210  # prefill chunks: SDPA per chunk vs the C++ kernel
 
 ``--batch N`` times decode steps of N sequences with 64-token synthetic prompts
 (bench/cpu_units.py's DecodeBatch, as the roofline's units) instead of the workload's 16
@@ -56,6 +57,7 @@ _SETTINGS = {
     "fused_grain": ("fused ops split from 2^14 elements", "from 2^18"),
     "onednn_1row": ("one row: F.linear", "one row: oneDNN packed"),
     "f32_linear": ("oneDNN packed", "few rows: C++ f32_linear"),
+    "prefill_kernel": ("SDPA per chunk", "C++ prefill kernel"),
 }
 _CACHES: dict[tuple[int, str], object] = {}  # (id of a module, setting): its PackedWeightCache
 
@@ -112,6 +114,10 @@ def _apply(kind: str, setting: str, engine) -> None:
         from kernels import cpu_linear
 
         cpu_linear.F32_KERNELS.on = setting.endswith("f32_linear")
+    elif kind == "prefill_kernel":  # read by build_plan each step
+        from kernels import torch_paged
+
+        torch_paged.PREFILL_KERNEL = setting == "C++ prefill kernel"
     elif kind == "kernel_openmp":  # kernels/cpu_build.py loads the build of this setting
         from kernels import cpu_build
 

@@ -1,5 +1,7 @@
-// Paged decode attention for the CPU, float32: one query token per sequence attends to
-// its whole context straight out of the paged K/V cache, with no gathered copy. The cache
+// Paged attention for the CPU, float32, straight out of the paged K/V cache with no
+// gathered copy: decodes (one query token per sequence, below) and, over a float32 cache,
+// prefill chunks (paged_prefill_attention: every chunk of a step in one call, about twice
+// SDPA's speed per chunk; see "Prefill chunks"). For decodes the cache
 // may also be bfloat16 (kv_cache_dtype="bfloat16": half the bytes a step reads); its rows
 // widen exactly to float32 as they are read, and write_kv rounds new rows to nearest even.
 //
@@ -158,6 +160,138 @@ GroupFn<TC> group_kernel(int64_t hd, int64_t G) {
     default: return nullptr;
   }
 }
+// ---- Prefill chunks: q_len query rows of one sequence, causal over its context ----
+// Query row i of a chunk of q_len rows over a context of L tokens sits at position
+// L - q_len + i and sees keys 0 .. L - q_len + i (the rows before it are a cached prefix or
+// earlier chunks). A task is kPrefillRows query rows of one chunk with the G query heads of
+// one kv head: M = rows * G query vectors. Scores are GEMM-shaped: the kv head's keys are
+// transposed once per chunk (kt[d][p], shared by all its tasks), so kScoreRows query
+// vectors times kKeyVecs vectors of keys are kept in registers and each step over head_dim
+// is a broadcast of a query element and an FMA, with no horizontal sums; scores past a row's
+// last key are never computed (whole key blocks) or are zeroed. Then each vector's softmax,
+// then the value rows, read from their blocks, accumulated kPvRows vectors at a time.
+constexpr int kKeyVecs = 2;
+constexpr int64_t kKeyBlock = kKeyVecs * W;                    // keys a score pass takes: 32 or 16
+constexpr int kScoreRows = Vec::kAccumulators / kKeyVecs;      // query vectors it holds: 8 or 4
+constexpr int64_t kPrefillRows = 16;                           // query rows a task
+
+inline int64_t key_span(int64_t L) { return (L + kKeyBlock - 1) / kKeyBlock * kKeyBlock; }
+
+// kt[d * lp + p] = K[p][d] of one kv head (kc: its first element) for p < L, zeros up to lp
+void transpose_keys(const float* kc, int64_t row_stride, const int32_t* table, int64_t L, int64_t bs, int64_t hd,
+                    int64_t lp, float* kt) {
+  for_each_slot(table, L, bs, [&](int64_t slot, int64_t p, int64_t) {
+    const float* k = kc + slot * row_stride;
+    for (int64_t d = 0; d < hd; ++d) kt[d * lp + p] = k[d];
+  });
+  for (int64_t d = 0; d < hd; ++d) std::fill(kt + d * lp + L, kt + (d + 1) * lp, 0.f);
+}
+
+// Rows [r0, r1) of a chunk whose row 0 sits at position p0, G heads each: q / out point at
+// the chunk's row 0, this kv head's first query head (q_row / o_row between rows); kt its
+// transposed keys (lp per head_dim element), vc its values (token rows row_stride apart).
+// s: scratch of (r1 - r0) * G * lp floats.
+template <int NV>
+void prefill_task(const float* q, int64_t q_row, int64_t G, int64_t r0, int64_t r1, int64_t p0, const float* kt,
+                  int64_t lp, const float* vc, int64_t row_stride, const int32_t* table, int64_t bs, float scale,
+                  float* s, float* out, int64_t o_row) {
+  using V = typename Vec::T;
+  constexpr int hd = NV * W;
+  constexpr int kPvRows = Vec::kAccumulators / NV > 0 ? Vec::kAccumulators / NV : 1;
+  const int64_t M = (r1 - r0) * G;
+  auto q_of = [&](int64_t m) { return q + (r0 + m / G) * q_row + (m % G) * hd; };
+  auto seen = [&](int64_t m) { return p0 + r0 + m / G + 1; };  // keys vector m attends to
+  const int64_t n_all = seen(M - 1);
+  for (int64_t m0 = 0; m0 < M; m0 += kScoreRows) {
+    const int64_t mr = std::min<int64_t>(kScoreRows, M - m0);
+    const float* qp[kScoreRows];
+    for (int i = 0; i < kScoreRows; ++i) qp[i] = q_of(m0 + std::min<int64_t>(i, mr - 1));
+    const int64_t n = seen(m0 + mr - 1);
+    for (int64_t kb = 0; kb < n; kb += kKeyBlock) {
+      V acc[kScoreRows][kKeyVecs];
+      for (int i = 0; i < kScoreRows; ++i)
+        for (int j = 0; j < kKeyVecs; ++j) acc[i][j] = Vec::zero();
+      for (int d = 0; d < hd; ++d) {
+        V kv[kKeyVecs];
+        for (int j = 0; j < kKeyVecs; ++j) kv[j] = Vec::load(kt + d * lp + kb + j * W);
+        for (int i = 0; i < kScoreRows; ++i) {
+          const V b = Vec::set1(qp[i][d]);
+          for (int j = 0; j < kKeyVecs; ++j) acc[i][j] = Vec::fma(b, kv[j], acc[i][j]);
+        }
+      }
+      const V sc = Vec::set1(scale);
+      for (int i = 0; i < kScoreRows && i < mr; ++i)
+        for (int j = 0; j < kKeyVecs; ++j) Vec::store(s + (m0 + i) * lp + kb + j * W, Vec::mul(acc[i][j], sc));
+    }
+  }
+  std::vector<float> inv(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) {
+    float* sm = s + m * lp;
+    const int64_t n = seen(m);
+    V mxv = Vec::set1(-std::numeric_limits<float>::infinity());
+    int64_t p = 0;
+    for (; p + W <= n; p += W) mxv = Vec::max(mxv, Vec::load(sm + p));
+    float mx = Vec::reduce_max(mxv);
+    for (; p < n; ++p) mx = std::max(mx, sm[p]);
+    mxv = Vec::set1(mx);
+    V sumv = Vec::zero();
+    p = 0;
+    for (; p + W <= n; p += W) {
+      const V e = Vec::exp(Vec::sub(Vec::load(sm + p), mxv));
+      Vec::store(sm + p, e);
+      sumv = Vec::add(sumv, e);
+    }
+    if (p < n) {
+      const V e = Vec::exp(Vec::sub(Vec::load_first(sm + p, n - p), mxv));
+      Vec::store_first(sm + p, n - p, e);
+      sumv = Vec::add(sumv, Vec::keep_first(e, n - p));
+    }
+    std::fill(sm + n, sm + n_all, 0.f);  // keys that a later vector of its pass sees
+    inv[m] = 1.f / Vec::sum(sumv);
+  }
+  for (int64_t m0 = 0; m0 < M; m0 += kPvRows) {
+    const int64_t mr = std::min<int64_t>(kPvRows, M - m0);
+    const float* sp[kPvRows];
+    for (int i = 0; i < kPvRows; ++i) sp[i] = s + (m0 + std::min<int64_t>(i, mr - 1)) * lp;
+    V acc[kPvRows][NV];
+    for (int i = 0; i < kPvRows; ++i)
+      for (int j = 0; j < NV; ++j) acc[i][j] = Vec::zero();
+    const int64_t n = seen(m0 + mr - 1);
+    // one flat loop over the keys (a loop per block made GCC store acc every key)
+    const int32_t* blk = table;
+    const float* v = vc + static_cast<int64_t>(*blk) * bs * row_stride;
+    for (int64_t p = 0, off = 0; p < n; ++p, ++off, v += row_stride) {
+      if (off == bs) {
+        v = vc + static_cast<int64_t>(*++blk) * bs * row_stride;
+        off = 0;
+      }
+      V vv[NV];
+      for (int j = 0; j < NV; ++j) vv[j] = Vec::load(v + j * W);
+      for (int i = 0; i < kPvRows; ++i) {
+        const V w = Vec::set1(sp[i][p]);
+        for (int j = 0; j < NV; ++j) acc[i][j] = Vec::fma(w, vv[j], acc[i][j]);
+      }
+    }
+    for (int i = 0; i < kPvRows; ++i) {  // constant bounds with a test: acc[i] stays in registers
+      if (i >= mr) break;
+      const int64_t m = m0 + i;
+      float* o = out + (r0 + m / G) * o_row + (m % G) * hd;
+      const V iv = Vec::set1(inv[m]);
+      for (int j = 0; j < NV; ++j) Vec::store(o + j * W, Vec::mul(acc[i][j], iv));
+    }
+  }
+}
+
+using PrefillFn = decltype(&prefill_task<1>);
+PrefillFn prefill_kernel(int64_t hd) {
+  switch (hd / W * (hd % W == 0)) {
+    case 1: return prefill_task<1>;
+    case 2: return prefill_task<2>;
+    case 4: return prefill_task<4>;
+    case 8: return prefill_task<8>;
+    default: return nullptr;
+  }
+}
 #endif
 
 // The same for any head_dim and CPU, in plain loops.
@@ -291,6 +425,99 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
                 max_blocks, bs, kvh, scale, out);
 }
 
+// Whether paged_prefill_attention has a vector path for this head_dim (else: none at all).
+bool prefill_takes(int64_t head_dim) {
+#ifdef KVSCOPE_VEC
+  return prefill_kernel(head_dim) != nullptr;
+#else
+  return head_dim < 0;  // no vectors: the caller's SDPA path
+#endif
+}
+
+// P prefill chunks: query [T, H, hd] f32; key_cache / value_cache [NB, bs, kvh, hd] f32;
+// q_starts int64 [P] (each chunk's first query row), q_lens int32 [P] (>= 1),
+// block_tables int32 [P, max_blocks], seq_lens int32 [P] (context length, the chunk
+// included); out [T, H, hd] f32, the chunks' rows written in place.
+void paged_prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             const at::Tensor& q_starts, const at::Tensor& q_lens, const at::Tensor& block_tables,
+                             const at::Tensor& seq_lens, double scale, at::Tensor& out) {
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1 &&
+                  query.stride(1) == query.size(2) && query.device().is_cpu(),
+              "query must be float32 CPU [T, heads, head_dim] with contiguous heads (any row stride)");
+  check_caches(key_cache, value_cache);
+  TORCH_CHECK(key_cache.scalar_type() == at::kFloat, "the prefill kernel takes float32 caches");
+  TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == at::kFloat && out.stride(2) == 1 &&
+                  out.stride(1) == out.size(2) && out.device().is_cpu(),
+              "out must be float32 shaped like query, with contiguous heads");
+  const int64_t P = q_starts.size(0);
+  TORCH_CHECK(q_starts.dim() == 1 && q_starts.scalar_type() == at::kLong && q_starts.is_contiguous(),
+              "q_starts must be contiguous int64 [P]");
+  for (const at::Tensor* t : {&q_lens, &seq_lens})
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == P && t->scalar_type() == at::kInt && t->is_contiguous(),
+                "q_lens and seq_lens must be contiguous int32 [P]");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == P && block_tables.scalar_type() == at::kInt &&
+                  block_tables.is_contiguous(),
+              "block_tables must be contiguous int32 [P, max_blocks]");
+  const int64_t T = query.size(0), H = query.size(1), hd = query.size(2);
+  const int64_t NB = key_cache.size(0), bs = key_cache.size(1), kvh = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(3) == hd && H % kvh == 0, "head_dim of query and cache differ, or heads % kv_heads");
+  const int64_t max_blocks = block_tables.size(1);
+  const int64_t* q0 = q_starts.data_ptr<int64_t>();
+  const int32_t* ql = q_lens.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  for (int64_t c = 0; c < P; ++c) {  // every read below stays inside the tensors
+    TORCH_CHECK(ql[c] >= 1 && q0[c] >= 0 && q0[c] + ql[c] <= T, "chunk ", c, "'s rows are not rows of query");
+    TORCH_CHECK(lens[c] >= ql[c] && lens[c] <= max_blocks * bs, "seq_lens[", c, "] = ", lens[c],
+                " is shorter than its chunk or does not fit its block table");
+    for (int64_t b = 0; b < (lens[c] + bs - 1) / bs; ++b)
+      TORCH_CHECK(tables[c * max_blocks + b] >= 0 && tables[c * max_blocks + b] < NB, "block_tables[", c, ", ", b,
+                  "] is not a block of the cache");
+  }
+#ifdef KVSCOPE_VEC
+  const PrefillFn fn = prefill_kernel(hd);
+  TORCH_CHECK(fn != nullptr, "no prefill kernel for head_dim ", hd, " (prefill_takes)");
+  const int64_t G = H / kvh, row_stride = kvh * hd;
+  const float* kc = key_cache.data_ptr<float>();
+  const float* vc = value_cache.data_ptr<float>();
+  // every (chunk, kv head)'s transposed keys, one after another
+  std::vector<int64_t> kt_at(P + 1, 0);
+  for (int64_t c = 0; c < P; ++c) kt_at[c + 1] = kt_at[c] + kvh * hd * key_span(lens[c]);
+  std::vector<float> kt(static_cast<size_t>(kt_at[P]));
+  at::parallel_for(0, P * kvh, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t c = t / kvh, h = t % kvh, lp = key_span(lens[c]);
+      transpose_keys(kc + h * hd, row_stride, tables + c * max_blocks, lens[c], bs, hd, lp,
+                     kt.data() + kt_at[c] + h * hd * lp);
+    }
+  });
+  struct Task { int64_t c, h, r0, r1; };
+  std::vector<Task> tasks;
+  for (int64_t c = 0; c < P; ++c)
+    for (int64_t r = 0; r < ql[c]; r += kPrefillRows)
+      for (int64_t h = 0; h < kvh; ++h) tasks.push_back({c, h, r, std::min<int64_t>(ql[c], r + kPrefillRows)});
+  // A chunk's later rows see more keys: the order 0, n-1, 1, n-2, ... gives each thread's
+  // contiguous share of the tasks about the same work.
+  const int64_t n = static_cast<int64_t>(tasks.size());
+  const float* q = query.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, n, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> s;
+    for (int64_t t = t0; t < t1; ++t) {
+      const Task& k = tasks[t % 2 == 0 ? t / 2 : n - 1 - t / 2];
+      const int64_t L = lens[k.c], lp = key_span(L);
+      s.resize(static_cast<size_t>((k.r1 - k.r0) * G * lp));
+      fn(q + q0[k.c] * query.stride(0) + k.h * G * hd, query.stride(0), G, k.r0, k.r1, L - ql[k.c],
+         kt.data() + kt_at[k.c] + k.h * hd * lp, lp, vc + k.h * hd, row_stride, tables + k.c * max_blocks, bs, sc,
+         s.data(), o + q0[k.c] * out.stride(0) + k.h * G * hd, out.stride(0));
+    }
+  });
+#else
+  TORCH_CHECK(false, "this build has no prefill kernel (prefill_takes)");
+#endif
+}
+
 // The step's new K/V rows into their cache slots: key / value [T, kv_heads, head_dim] (each
 // token's heads contiguous, any row stride: views of the fused QKV output), slots int64 [T],
 // all valid. What two index_copy_ calls did (a plain copy, so bitwise the same), without
@@ -347,5 +574,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention", &paged_decode_attention,
         "one query token per sequence attends over its paged K/V context (float32 or bf16 cache), into out's rows",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("prefill_takes", &prefill_takes, "whether paged_prefill_attention has a path for this head_dim");
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "prefill chunks (q_len >= 1 rows each) attend causally over their paged float32 K/V contexts, into out's rows",
         py::call_guard<py::gil_scoped_release>());
 }

@@ -55,6 +55,23 @@ def write_kv(key, value, key_cache, value_cache, slots) -> None:
     extension().write_kv(key, value, key_cache, value_cache, slots)
 
 
+def can_run_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """``paged_prefill_attention``'s inputs: `can_run`'s, float32 caches (a bf16 cache's
+    prefill attends in bf16 through SDPA), and a head_dim the build has a vector path for."""
+    return (can_run(query, key_cache, value_cache) and key_cache.dtype == torch.float32
+            and extension().prefill_takes(query.shape[-1]))
+
+
+def paged_prefill_attention(query, key_cache, value_cache, q_starts, q_lens, block_tables, seq_lens, scale,
+                            out) -> None:
+    """Write causal attention of P prefill chunks over their paged contexts into their rows
+    of ``out`` [T, heads, head_dim]: chunk c's rows q_starts[c] .. + q_lens[c] (int64 / int32
+    [P]) are the last q_lens[c] positions of a context of seq_lens[c] tokens (int32 [P]), in
+    blocks block_tables[c] (int32 [P, max_blocks]); float32 caches."""
+    extension().paged_prefill_attention(query, key_cache, value_cache, q_starts, q_lens, block_tables, seq_lens,
+                                        float(scale), out)
+
+
 def paged_decode_attention(query, key_cache, value_cache, rows, block_tables, seq_lens, scale, out) -> None:
     """Write attention of query rows ``rows`` [D] (one token per sequence) over their
     paged contexts into the same rows of ``out`` [T, heads, head_dim].

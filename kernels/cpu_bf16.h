@@ -84,7 +84,9 @@ struct Vec {
   static T neg(T a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.f)); }  // the sign bit flipped, as ATen's
   static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T exp(T a) { return Sleef_expf16_u10(a); }
+  static T max(T a, T b) { return _mm512_max_ps(a, b); }
   static float sum(T a) { return _mm512_reduce_add_ps(a); }
+  static float reduce_max(T a) { return _mm512_reduce_max_ps(a); }
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static void store(bf16* p, T v) { store16(p, v); }
   // p[0..n), n < W: loaded with zeros after; stored; v with its lanes from n on zeroed
@@ -109,6 +111,12 @@ struct Vec {
   static T neg(T a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.f)); }  // the sign bit flipped, as ATen's
   static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T exp(T a) { return Sleef_expf8_u10(a); }
+  static T max(T a, T b) { return _mm256_max_ps(a, b); }
+  static float reduce_max(T a) {
+    const __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
+  }
   static float sum(T a) {
     const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));

@@ -29,6 +29,7 @@ def test_kernel_plan_matches_reference_on_random_ragged_batches(seed, head_dim):
     assert (plan.kernel_decodes is not None) == (n_decodes > 0)
     if plan.kernel_decodes is not None:
         assert len(plan.kernel_decodes.rows) == n_decodes and not plan.decode_groups
+    assert (plan.kernel_prefills is not None) == bool(plan.prefills)
     want = paged_attention_ref(*args, scale=0.25)
     got = paged_attention_fast(*args, scale=0.25, plan=plan)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
@@ -57,6 +58,94 @@ def test_strided_query_rows_and_the_torch_fallback_agree():
     got64 = paged_attention_fast(query.double(), kc.double(), vc.double(), tables, lens, starts,
                                  scale=0.3, plan=plan)
     torch.testing.assert_close(got64.float(), want, atol=2e-5, rtol=1e-5)
+
+
+def _prefill_batch(seed: int, head_dim: int):
+    """Prefill chunks only: fresh prompts and chunks over a cached prefix, past one task's 16
+    rows and one 32-key block, with a decode row between them that the kernel must not touch."""
+    gen = torch.Generator().manual_seed(seed)
+    block_size = (1, 16, 32)[seed % 3]
+    kv_heads, group = ((1, 4), (2, 3), (3, 3), (4, 1), (1, 1), (2, 2))[seed % 6]
+    chunks = [(2, 0), (17, 0), (40, 5), (100, 130), (3, 64)][: 3 + seed % 3]  # (q_len, cached prefix)
+    lens = [q + p for q, p in chunks]
+    num_blocks = sum(-(-n // block_size) for n in lens) + 9
+    kc = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    vc = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = [[free.pop() for _ in range(-(-n // block_size))] for n in lens]
+    tables.insert(1, [free.pop()])  # a decode of 1 token after the first chunk
+    lens.insert(1, 1)
+    width = max(map(len, tables))
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    q_lens = [chunks[0][0], 1, *(q for q, _ in chunks[1:])]
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    query = torch.randn(int(starts[-1]), kv_heads * group, head_dim, generator=gen)
+    return query, kc, vc, block_tables, torch.tensor(lens, dtype=torch.int32), starts
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128])
+@pytest.mark.parametrize("seed", range(6))
+def test_prefill_kernel_matches_reference(seed, head_dim, monkeypatch):
+    """Every prefill chunk of the step in one kernel call (SDPA is not called), causal over a
+    cached prefix where there is one, within float32 rounding of the reference."""
+    from kernels import torch_paged
+
+    if not cpu_attention.extension().prefill_takes(head_dim):
+        pytest.skip("this CPU has neither AVX-512 nor AVX2: prefills stay on SDPA")
+    args = _prefill_batch(seed, head_dim)
+    plan = build_plan(*args[3:], key_block_size(args[1]), decode_kernel=True)
+    assert plan.kernel_prefills is not None and len(plan.kernel_prefills.q_lens) == len(plan.prefills)
+    monkeypatch.setattr(torch_paged, "_attend_prefill", None)  # the kernel, or a TypeError
+    got = paged_attention_fast(*args, scale=0.125, plan=plan)
+    torch.testing.assert_close(got, paged_attention_ref(*args, scale=0.125), atol=2e-5, rtol=1e-5)
+
+
+def key_block_size(key_cache: torch.Tensor) -> int:
+    return key_cache.shape[1]
+
+
+def test_prefill_kernel_writes_only_its_chunks_rows_and_takes_one_row_chunks():
+    query, kc, vc, tables, lens, starts = _prefill_batch(2, 64)
+    want = paged_attention_ref(query, kc, vc, tables, lens, starts, scale=0.125)
+    q_lens = (starts[1:] - starts[:-1]).to(torch.int32)
+    # every sequence as a chunk, the 1-token decode included; then all but the decode
+    for keep in (torch.arange(len(lens)), torch.tensor([i for i in range(len(lens)) if i != 1])):
+        out = torch.full_like(query, 7.0)
+        cpu_attention.paged_prefill_attention(query, kc, vc, starts[:-1].long()[keep], q_lens[keep],
+                                              tables[keep].contiguous(), lens[keep], 0.125, out)
+        rows = torch.cat([torch.arange(int(starts[i]), int(starts[i + 1])) for i in keep.tolist()])
+        torch.testing.assert_close(out[rows], want[rows], atol=2e-5, rtol=1e-5)
+        untouched = torch.ones(query.shape[0], dtype=torch.bool)
+        untouched[rows] = False
+        assert torch.all(out[untouched] == 7.0)
+
+
+def test_prefill_kernel_refuses_what_it_cannot_read():
+    kc, vc = torch.randn(4, 4, 1, 16), torch.randn(4, 4, 1, 16)
+    q, out = torch.randn(6, 1, 16), torch.empty(6, 1, 16)
+    tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    starts, q_lens = torch.tensor([0, 3]), torch.tensor([3, 3], dtype=torch.int32)
+
+    def call(starts=starts, q_lens=q_lens, tables=tables, lens=torch.tensor([3, 8], dtype=torch.int32), kc=kc, vc=vc):
+        cpu_attention.paged_prefill_attention(q, kc, vc, starts, q_lens, tables, lens, 1.0, out)
+
+    call()
+    with pytest.raises(RuntimeError, match="not a block of the cache"):
+        call(tables=torch.tensor([[0, 1], [2, 4]], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="shorter than its chunk or does not fit"):
+        call(lens=torch.tensor([2, 8], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="shorter than its chunk or does not fit"):
+        call(lens=torch.tensor([3, 9], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="are not rows of query"):
+        call(starts=torch.tensor([0, 4]))
+    with pytest.raises(RuntimeError, match="are not rows of query"):
+        call(q_lens=torch.tensor([3, 0], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="float32 caches"):
+        call(kc=kc.bfloat16(), vc=vc.bfloat16())
+    assert cpu_attention.can_run_prefill(q, kc, vc) and not cpu_attention.can_run_prefill(q, kc.bfloat16(),
+                                                                                          vc.bfloat16())
+    assert not cpu_attention.can_run_prefill(torch.randn(2, 1, 24), torch.randn(4, 4, 1, 24),
+                                             torch.randn(4, 4, 1, 24))  # no vector path for 24
 
 
 def test_kernel_refuses_reads_outside_the_cache():
