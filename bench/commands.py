@@ -107,8 +107,9 @@ def _against_vllm(args: argparse.Namespace) -> int:
     from bench.readme_block import update_readme
 
     json_path = vllm_compare.json_path(args)
-    res = vllm_compare.run_and_report(vllm_compare.options(args), json_path, args.results)
-    if json_path in (str(vllm_compare.JSON), str(vllm_compare.JSON_BF16)):
+    opts = vllm_compare.options(args)
+    res = vllm_compare.run_and_report(opts, json_path, args.results)
+    if json_path == str(vllm_compare.json_file(opts.dtype, opts.engine_defaults)):  # the README's own files
         update_readme()
     missed = [f"concurrency {r['concurrency']}: {r['ratio']:.2f}x < {r['goal']}x"
               for r in res["rows"] if r["met"] is False]

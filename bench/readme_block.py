@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bench.measure import cpu_label
 from bench.vllm_compare import JSON as VLLM_JSON, JSON_BF16 as VLLM_BF16_JSON  # each comparison's own file
+from bench.vllm_compare import JSON_DEFAULTS as VLLM_DEFAULTS_JSON
 
 BEGIN = "<!-- bench-summary:begin (generated from bench/results_cpu.json by `kvscope bench --update-readme`) -->"
 END = "<!-- bench-summary:end -->"
@@ -70,6 +71,13 @@ def render_vllm(res: dict) -> str:
     """The row against vLLM's CPU build, every figure from its JSON (float32 or bfloat16)."""
     o = res["options"]
     ratios = ", ".join(f"{_x(r['ratio'])} at concurrency {r['concurrency']}" for r in res["rows"])
+    if o.get("engine_defaults"):
+        used = res.get("threads", {})
+        return (f"With each engine at its own thread default (`kvscope bench --baseline vllm --engine-defaults`, "
+                f"run of {res['machine']['date']} on {cpu_label(res['machine'])}, {o['dtype']}: vLLM "
+                f"{used.get('vllm', '?')} OpenMP thread(s), as its VLLM_CPU_OMP_THREADS_BIND=auto leaves after "
+                f"reserving a core for its front end; kvscope {used.get('kvscope', '?')}), kvscope's output "
+                f"throughput is {ratios}.")
     if o.get("dtype", "float32") != "float32":
         return (f"In {o['dtype']} on both sides (vLLM's own default for this float32 model on an x86 CPU; "
                 f"`kvscope bench --baseline vllm --dtype {o['dtype']}`, run of {res['machine']['date']} on "
@@ -84,8 +92,9 @@ def render_vllm(res: dict) -> str:
             + f"), kvscope's output throughput is {ratios}.")
 
 
-def block(results: dict, vllm: dict | None = None, vllm_bf16: dict | None = None) -> str:
-    text = render(results) + "".join("\n\n" + render_vllm(v) for v in (vllm, vllm_bf16) if v)
+def block(results: dict, vllm: dict | None = None, vllm_bf16: dict | None = None,
+          vllm_defaults: dict | None = None) -> str:
+    text = render(results) + "".join("\n\n" + render_vllm(v) for v in (vllm, vllm_defaults, vllm_bf16) if v)
     return f"{BEGIN}\n{text}\n{END}"
 
 
@@ -101,7 +110,7 @@ def readme_block(text: str) -> str | None:
 
 
 def update_readme(json_path: Path = JSON, readme: Path = README, vllm_json: Path = VLLM_JSON,
-                  vllm_bf16_json: Path = VLLM_BF16_JSON) -> bool:
+                  vllm_bf16_json: Path = VLLM_BF16_JSON, vllm_defaults_json: Path = VLLM_DEFAULTS_JSON) -> bool:
     """Rewrite the README's block from the JSON (and the vLLM comparisons', where they
     exist); True when the text changed."""
     text = readme.read_text()
@@ -109,6 +118,6 @@ def update_readme(json_path: Path = JSON, readme: Path = README, vllm_json: Path
     if old is None:
         raise ValueError(f"{readme} has no {BEGIN!r} ... {END!r} block")
     new = block(json.loads(Path(json_path).read_text()), _vllm_results(Path(vllm_json)),
-                _vllm_results(Path(vllm_bf16_json)))
+                _vllm_results(Path(vllm_bf16_json)), _vllm_results(Path(vllm_defaults_json)))
     readme.write_text(text.replace(old, new))
     return old != new

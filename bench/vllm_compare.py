@@ -16,6 +16,12 @@ it), with float32 activations, norms and decode attention arithmetic. Their outp
 differ (each rounds in its own places), and the results go to their own JSON file,
 RESULTS.md block and README line beside float32's.
 
+``--engine-defaults`` starts each server with its own thread default instead of ``--threads``
+each: vLLM with ``VLLM_CPU_OMP_THREADS_BIND`` unset ("auto": it reserves a core for its
+front end, so 1 OpenMP thread on a 2-core box; the count is read from its log), kvscope serve
+without ``--num-threads`` (every usable core, governed: engine/cpu_threads.py); ``--dtype``
+still sets both. Its results go to a JSON file, RESULTS.md block and README line of their own.
+
 Both stay up for the whole run and take turns, never busy at once. For each concurrency,
 ``pairs`` pairs of runs alternate the servers (vLLM then kvscope, then kvscope then vLLM,
 ...), so the order favours neither. A run sends ``requests`` completions, at most
@@ -51,7 +57,16 @@ from bench.measure import cpu_label, loadavg, machine_info, percentile
 VOCAB_LOW, VOCAB_HIGH = 100, 49_000  # SmolLM2's ordinary tokens (its specials sit below 17)
 GOALS = {1: 1.0, 16: 1.2, 64: 1.2}  # issue 33: kvscope / vLLM output tokens/s, equal threads
 JSON = Path(__file__).resolve().parent / "results_vllm.json"
-JSON_BF16 = JSON.with_name("results_vllm_bfloat16.json")
+
+
+def json_file(dtype: str = "float32", engine_defaults: bool = False) -> Path:
+    """Each comparison's own results file: results_vllm[_<dtype>][_engine_defaults].json."""
+    return JSON.with_name("results_vllm" + ("" if dtype == "float32" else f"_{dtype}")
+                          + ("_engine_defaults" if engine_defaults else "") + ".json")
+
+
+JSON_BF16 = json_file("bfloat16")
+JSON_DEFAULTS = json_file(engine_defaults=True)
 DTYPES = ("float32", "bfloat16")
 
 
@@ -66,6 +81,7 @@ class Options:
     pairs: int = 2
     seed: int = 0
     dtype: str = "float32"  # both servers': float32 or bfloat16
+    engine_defaults: bool = False  # each server's own thread default instead of ``threads`` each
 
     def num_requests(self, concurrency: int) -> int:
         return self.requests_at_1 if concurrency == 1 else self.requests
@@ -185,7 +201,8 @@ def run_once(name: str, server, opts: Options, concurrency: int, pair: int,
 # ---- the whole comparison ------------------------------------------------------------------
 
 def compare(opts: Options, progress=print) -> dict:
-    """Start both servers (``opts.threads`` each), run the comparison, stop them."""
+    """Start both servers (``opts.threads`` each, or each at its own default), run the
+    comparison, stop them."""
     from bench.vllm_hf_dir import vllm_hf_dir
     from bench.vllm_servers import start_kvscope, start_vllm, vllm_python, vllm_venv
 
@@ -195,14 +212,36 @@ def compare(opts: Options, progress=print) -> dict:
     model_dir = vllm_hf_dir()
     # SIGTERM unwinds like Ctrl-C, so the servers below are stopped (by process group) either way
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    bind = "0" if opts.threads == 1 else f"0-{opts.threads - 1}"
-    progress(f"starting vllm serve ({opts.threads} threads, VLLM_CPU_OMP_THREADS_BIND={bind}) ...")
-    with start_vllm(model_dir, events=False, env_extra={"VLLM_CPU_OMP_THREADS_BIND": bind},
-                    dtype=opts.dtype) as vllm:
+    if opts.engine_defaults:
+        env, kv_args = {}, ()
+        progress("starting vllm serve (its default threads: VLLM_CPU_OMP_THREADS_BIND=auto) ...")
+    else:
+        bind = "0" if opts.threads == 1 else f"0-{opts.threads - 1}"
+        env, kv_args = {"VLLM_CPU_OMP_THREADS_BIND": bind}, ("--num-threads", str(opts.threads))
+        progress(f"starting vllm serve ({opts.threads} threads, VLLM_CPU_OMP_THREADS_BIND={bind}) ...")
+    with start_vllm(model_dir, events=False, env_extra=env, dtype=opts.dtype) as vllm:
         progress(f"  /health after {vllm.startup_s:.0f} s; starting kvscope serve ...")
-        with start_kvscope(extra_args=("--num-threads", str(opts.threads)), dtype=opts.dtype) as kv:
+        with start_kvscope(extra_args=kv_args, dtype=opts.dtype) as kv:
             progress(f"  ready after {kv.startup_s:.1f} s")
-            return compare_servers(opts, vllm, kv, progress)
+            res = compare_servers(opts, vllm, kv, progress)
+            res["threads"] = {"vllm": vllm_omp_threads(vllm.log_tail(100_000)), "kvscope": kvscope_threads() if opts.engine_defaults else str(opts.threads)}
+            return res
+
+
+def vllm_omp_threads(log: str) -> int | None:
+    """The OpenMP threads vLLM's CPU worker bound, from its log's binding report
+    (``core ids=[0, 1]``); None where the log has none."""
+    import re
+
+    found = re.findall(r"core ids=\[([0-9, ]*)\]", log)
+    return len([c for c in found[-1].split(",") if c.strip()]) if found else None
+
+
+def kvscope_threads() -> str:
+    """kvscope serve's own default: every usable core, governed (engine/cpu_threads.py)."""
+    from engine.cpu_threads import usable_cores
+
+    return f"{usable_cores()}, governed"
 
 
 def compare_servers(opts: Options, vllm, kv, progress=print) -> dict:
@@ -269,9 +308,15 @@ def render_markdown(res: dict) -> str:
     o = res["options"]
     dtype = o.get("dtype", "float32")
     command = "kvscope bench --baseline vllm" + ("" if dtype == "float32" else f" --dtype {dtype}")
+    threads = f"{o['threads']} CPU thread(s) each"
+    if o.get("engine_defaults"):
+        command += " --engine-defaults"
+        used = res.get("threads", {})
+        threads = (f"each engine's own thread default (vLLM: VLLM_CPU_OMP_THREADS_BIND=auto, "
+                   f"{used.get('vllm', '?')} OpenMP thread(s) by its log; kvscope: {used.get('kvscope', '?')})")
     lines = [
         f"**kvscope against vLLM's CPU build** ({res['vllm']}), `{command}`, "
-        f"{res['machine'].get('date', '')} on {cpu_label(res['machine'])}: {o['threads']} CPU thread(s) each, "
+        f"{res['machine'].get('date', '')} on {cpu_label(res['machine'])}: {threads}, "
         f"{dtype}, block size 32, "
         f"prompts of {o['prompt_tokens']} random tokens, {o['output_tokens']} output tokens "
         f"(ignore_eos, greedy), {o['pairs']} alternating pair(s) per concurrency; load average "
@@ -304,6 +349,10 @@ def add_arguments(p, threads: bool = True) -> None:
     d = Options()
     if threads:
         p.add_argument("--threads", type=int, default=d.threads, help="CPU threads for each server")
+    p.add_argument("--engine-defaults", action="store_true",
+                   help="each server at its own thread default instead of the same count each: vLLM's "
+                        "VLLM_CPU_OMP_THREADS_BIND=auto (it reserves a core for its front end), kvscope's "
+                        "every usable core, governed; --dtype still sets both")
     p.add_argument("--concurrency", default=",".join(map(str, d.concurrency)))
     p.add_argument("--requests", type=int, default=d.requests, help="requests a run (concurrency > 1)")
     p.add_argument("--requests-at-1", type=int, default=d.requests_at_1, help="requests a run at concurrency 1")
@@ -326,14 +375,14 @@ def options(args: argparse.Namespace) -> Options:
     return Options(threads=threads, concurrency=conc, requests=args.requests,
                    requests_at_1=args.requests_at_1, prompt_tokens=args.prompt_tokens,
                    output_tokens=args.output_tokens, pairs=args.pairs, seed=getattr(args, "seed", 0),
-                   dtype=args.dtype)
+                   dtype=args.dtype, engine_defaults=args.engine_defaults)
 
 
 def json_path(args: argparse.Namespace) -> str:
-    """``--vllm-json``, or the dtype's own file where it was not given."""
+    """``--vllm-json``, or the comparison's own file where it was not given."""
     if args.vllm_json is not None:
         return args.vllm_json
-    return str(JSON_BF16 if args.dtype == "bfloat16" else JSON)
+    return str(json_file(args.dtype, args.engine_defaults))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,7 +403,7 @@ def run_and_report(opts: Options, json_path: str, results_md: str) -> dict:
     if results_md:
         from bench.report import update_results_md
 
-        begin, end = markers(opts.dtype)
+        begin, end = markers(opts.dtype, opts.engine_defaults)
         update_results_md(md, results_md, begin, end, heading=SECTION)
     print(md)
     return res
@@ -365,12 +414,14 @@ BEGIN = "<!-- vllm-compare:begin (generated by `kvscope bench --baseline vllm`) 
 END = "<!-- vllm-compare:end -->"
 
 
-def markers(dtype: str) -> tuple[str, str]:
-    """The RESULTS.md block's markers: float32's, or bfloat16's own block beside it."""
-    if dtype == "float32":
+def markers(dtype: str, engine_defaults: bool = False) -> tuple[str, str]:
+    """The RESULTS.md block's markers: float32's, or the other comparisons' own blocks beside it."""
+    key = ("" if dtype == "float32" else f"-{dtype}") + ("-engine-defaults" if engine_defaults else "")
+    if not key:
         return BEGIN, END
-    return (f"<!-- vllm-compare-{dtype}:begin (generated by `kvscope bench --baseline vllm --dtype {dtype}`) -->",
-            f"<!-- vllm-compare-{dtype}:end -->")
+    flags = ("" if dtype == "float32" else f" --dtype {dtype}") + (" --engine-defaults" if engine_defaults else "")
+    return (f"<!-- vllm-compare{key}:begin (generated by `kvscope bench --baseline vllm{flags}`) -->",
+            f"<!-- vllm-compare{key}:end -->")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,20 +3,23 @@
 import json
 
 from bench.measure import cpu_label
-from bench.readme_block import (BEGIN, END, JSON, README, VLLM_BF16_JSON, VLLM_JSON, block, readme_block,
-                                update_readme)
+from bench.readme_block import (BEGIN, END, JSON, README, VLLM_BF16_JSON, VLLM_DEFAULTS_JSON, VLLM_JSON, block,
+                                readme_block, update_readme)
 
 
 def test_readme_quotes_the_committed_results_exactly():
     results = json.loads(JSON.read_text())
-    vllm, bf16 = (json.loads(p.read_text()) if p.exists() else None for p in (VLLM_JSON, VLLM_BF16_JSON))
-    assert readme_block(README.read_text()) == block(results, vllm, bf16)
-    for res in (vllm, bf16):  # every ratio against vLLM comes from its JSON
+    vllm, bf16, defaults = (json.loads(p.read_text()) if p.exists() else None
+                            for p in (VLLM_JSON, VLLM_BF16_JSON, VLLM_DEFAULTS_JSON))
+    assert readme_block(README.read_text()) == block(results, vllm, bf16, defaults)
+    for res in (vllm, bf16, defaults):  # every ratio against vLLM comes from its JSON
         for r in (res or {}).get("rows", []):
             assert f"{r['ratio']:.2f}x at concurrency {r['concurrency']}" in readme_block(README.read_text())
     if bf16:
         assert "In bfloat16 on both sides" in readme_block(README.read_text())
-    for res in (results, vllm, bf16):  # each run says which CPU it ran on (they differ between sessions)
+    if defaults:
+        assert "With each engine at its own thread default" in readme_block(README.read_text())
+    for res in (results, vllm, bf16, defaults):  # each run says which CPU it ran on (they differ between sessions)
         if res:
             assert f"on {cpu_label(res['machine'])}" in readme_block(README.read_text())
     text = block(results)
@@ -34,10 +37,12 @@ def test_update_rewrites_only_the_block(tmp_path):
     j.write_text(json.dumps(results))
     readme = tmp_path / "README.md"
     readme.write_text(f"head\n{BEGIN}\nstale 3.8x\n{END}\ntail\n")
-    assert update_readme(j, readme, vllm_json=tmp_path / "none.json", vllm_bf16_json=tmp_path / "none.json") is True
+    assert update_readme(j, readme, vllm_json=tmp_path / "none.json", vllm_bf16_json=tmp_path / "none.json",
+                         vllm_defaults_json=tmp_path / "none.json") is True
     out = readme.read_text()
     assert out.startswith("head\n") and out.endswith("\ntail\n") and "9.99x" in out
-    assert "stale" not in out and update_readme(j, readme, vllm_json=tmp_path / "none.json", vllm_bf16_json=tmp_path / "none.json") is False
+    assert "stale" not in out and update_readme(j, readme, vllm_json=tmp_path / "none.json", vllm_bf16_json=tmp_path / "none.json",
+                         vllm_defaults_json=tmp_path / "none.json") is False
 
 
 def test_a_result_names_its_cpu_and_what_its_kernels_can_use():
