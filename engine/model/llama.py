@@ -182,12 +182,16 @@ class LlamaForCausalLM(CausalLM):
             pending = layer(h, pending, rope, meta, kv_cache, backend)
         return self.norm(h) if pending is None else self.norm.add_and_norm(pending, h)
 
+    @property
+    def logits_weight(self) -> torch.Tensor:
+        """The lm_head's float32 weight: the embedding where the two are tied."""
+        return self.embed_tokens if self.lm_head is None else self.lm_head
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.logits_reduced is not None:
             return self.logits_reduced.linear(hidden, None)
-        weight = self.embed_tokens if self.lm_head is None else self.lm_head
-        return self.logits_packed.linear(hidden, weight, None)  # [R, vocab]
+        return self.logits_packed.linear(hidden, self.logits_weight, None)  # [R, vocab]
 
     def reduce_precision(self, fmt: str) -> None:
         """Every linear and the lm_head as ``fmt``; a tied embedding keeps its float32

@@ -95,3 +95,25 @@ def test_prepack_packs_every_float32_linear_at_load_and_the_results_are_the_same
     lazy = _filled(32, 48, True, seed=1)
     assert torch.equal(model[0](x), lazy(x))  # the packed copy, made at load, gives what a lazy one does
     assert model[0].packed.packed is first  # and the forward reused it
+
+
+@pytest.mark.parametrize("kind", ["llama3-tied", "llama"])
+def test_prepack_packs_the_lm_head_too(kind):
+    """A llama model's lm_head (tied to the embedding, or its own) goes through
+    ``logits_packed``, not a ``Linear``: it is packed at load with the rest, and the first
+    logits reuse it."""
+    if not (layers.onednn_packing() or cpu_mkl.usable()):
+        pytest.skip("this torch build packs no weights")
+    from engine.model.loader import load_model
+    from tests.tiny_models import tiny_model_dir
+
+    model = load_model(str(tiny_model_dir(kind))).model
+    n_linears = sum(isinstance(m, layers.Linear) for m in model.modules())
+    assert model.logits_packed.packed is None
+    assert layers.prepack_linears(model) == n_linears + 1
+    packed = model.logits_packed.packed
+    weight = model.logits_weight
+    assert packed is not None and (weight is model.embed_tokens) == (kind == "llama3-tied")
+    hidden = torch.randn(layers.packed_rows(cpu_mkl.usable())[0], weight.shape[1])
+    torch.testing.assert_close(model.compute_logits(hidden), F.linear(hidden, weight))
+    assert model.logits_packed.packed is packed
