@@ -329,6 +329,23 @@ void check_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
               "[num_blocks, block_size, kv_heads, head_dim]");
 }
 
+// query [T, heads, head_dim] and out shaped like it: float32 CPU, each row's heads contiguous
+// (any row stride: the model's q is a view of the fused QKV output).
+void check_rows(const at::Tensor& query, const at::Tensor& out) {
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1 &&
+                  query.stride(1) == query.size(2) && query.device().is_cpu(),
+              "query must be float32 CPU [T, heads, head_dim] with contiguous heads (any row stride)");
+  TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == at::kFloat && out.stride(2) == 1 &&
+                  out.stride(1) == out.size(2) && out.device().is_cpu(),
+              "out must be float32 shaped like query, with contiguous heads");
+}
+
+// Sequence ``i``'s first blocks covering ``len`` tokens are blocks of a cache of NB.
+void check_blocks(const int32_t* table, int64_t i, int64_t len, int64_t bs, int64_t NB) {
+  for (int64_t b = 0; b < (len + bs - 1) / bs; ++b)
+    TORCH_CHECK(table[b] >= 0 && table[b] < NB, "block_tables[", i, ", ", b, "] is not a block of the cache");
+}
+
 // The decodes' (sequence, head) tasks over a cache of TC (float or bf16).
 template <typename TC>
 void decode_loop(const at::Tensor& query, const TC* kc, const TC* vc, const int64_t* row, const int32_t* tables,
@@ -384,15 +401,8 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
                             const at::Tensor& value_cache, const at::Tensor& rows,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                             at::Tensor& out) {
-  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1 &&
-                  query.stride(1) == query.size(2),
-              "query must be float32 [T, heads, head_dim] with contiguous heads (any row stride)");
+  check_rows(query, out);
   check_caches(key_cache, value_cache);
-  TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == at::kFloat && out.stride(2) == 1 &&
-                  out.stride(1) == out.size(2),
-              "out must be float32 shaped like query, with contiguous heads");
-  TORCH_CHECK(query.device().is_cpu() && key_cache.device().is_cpu() && out.device().is_cpu(),
-              "the CPU decode kernel takes CPU tensors");
   TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong, "rows must be int64 [D]");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() &&
                   block_tables.size(0) == rows.size(0),
@@ -413,9 +423,7 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache
     TORCH_CHECK(row[d] >= 0 && row[d] < T, "rows[", d, "] = ", row[d], " is not a query row");
     TORCH_CHECK(lens[d] >= 1 && lens[d] <= max_blocks * bs, "seq_lens[", d, "] = ", lens[d],
                 " does not fit its block table");
-    for (int64_t b = 0; b < (lens[d] + bs - 1) / bs; ++b)
-      TORCH_CHECK(tables[d * max_blocks + b] >= 0 && tables[d * max_blocks + b] < NB, "block_tables[", d, ", ",
-                  b, "] is not a block of the cache");
+    check_blocks(tables + d * max_blocks, d, lens[d], bs, NB);
   }
   if (key_cache.scalar_type() == at::kBFloat16)
     decode_loop(query, key_cache.data_ptr<at::BFloat16>(), value_cache.data_ptr<at::BFloat16>(), row, tables, lens,
@@ -430,7 +438,8 @@ bool prefill_takes(int64_t head_dim) {
 #ifdef KVSCOPE_VEC
   return prefill_kernel(head_dim) != nullptr;
 #else
-  return head_dim < 0;  // no vectors: the caller's SDPA path
+  (void)head_dim;
+  return false;  // no vectors: the caller's SDPA path
 #endif
 }
 
@@ -441,14 +450,9 @@ bool prefill_takes(int64_t head_dim) {
 void paged_prefill_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                              const at::Tensor& q_starts, const at::Tensor& q_lens, const at::Tensor& block_tables,
                              const at::Tensor& seq_lens, double scale, at::Tensor& out) {
-  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1 &&
-                  query.stride(1) == query.size(2) && query.device().is_cpu(),
-              "query must be float32 CPU [T, heads, head_dim] with contiguous heads (any row stride)");
+  check_rows(query, out);
   check_caches(key_cache, value_cache);
   TORCH_CHECK(key_cache.scalar_type() == at::kFloat, "the prefill kernel takes float32 caches");
-  TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == at::kFloat && out.stride(2) == 1 &&
-                  out.stride(1) == out.size(2) && out.device().is_cpu(),
-              "out must be float32 shaped like query, with contiguous heads");
   const int64_t P = q_starts.size(0);
   TORCH_CHECK(q_starts.dim() == 1 && q_starts.scalar_type() == at::kLong && q_starts.is_contiguous(),
               "q_starts must be contiguous int64 [P]");
@@ -470,9 +474,7 @@ void paged_prefill_attention(const at::Tensor& query, const at::Tensor& key_cach
     TORCH_CHECK(ql[c] >= 1 && q0[c] >= 0 && q0[c] + ql[c] <= T, "chunk ", c, "'s rows are not rows of query");
     TORCH_CHECK(lens[c] >= ql[c] && lens[c] <= max_blocks * bs, "seq_lens[", c, "] = ", lens[c],
                 " is shorter than its chunk or does not fit its block table");
-    for (int64_t b = 0; b < (lens[c] + bs - 1) / bs; ++b)
-      TORCH_CHECK(tables[c * max_blocks + b] >= 0 && tables[c * max_blocks + b] < NB, "block_tables[", c, ", ", b,
-                  "] is not a block of the cache");
+    check_blocks(tables + c * max_blocks, c, lens[c], bs, NB);
   }
 #ifdef KVSCOPE_VEC
   const PrefillFn fn = prefill_kernel(hd);
