@@ -19,6 +19,7 @@ import platform
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -119,6 +120,35 @@ class RssSampler:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self._proc.memory_info().rss)
+
+
+# ---- CPU accounting (bench/vllm_compare.py: what the servers and the rest of the box took) ----
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def busy_cpu_s() -> float:
+    """Every core's busy time since boot (/proc/stat: all but idle and iowait), seconds."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK
+
+
+def group_cpu_s(pgid: int) -> float:
+    """The CPU seconds (user + system) of every live process in group ``pgid``."""
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(d.name)) != pgid:
+                continue
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        parts = stat.rsplit(")", 1)[1].split()
+        total += int(parts[11]) + int(parts[12])  # utime, stime (fields 14, 15)
+    return total / _TICK
 
 
 def loadavg() -> tuple[float, float, float] | None:

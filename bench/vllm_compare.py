@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import logging
 import random
 import signal
@@ -52,7 +51,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.measure import cpu_label, loadavg, machine_info, percentile
+from bench.measure import busy_cpu_s, cpu_label, group_cpu_s, loadavg, machine_info, percentile
 
 VOCAB_LOW, VOCAB_HIGH = 100, 49_000  # SmolLM2's ordinary tokens (its specials sit below 17)
 GOALS = {1: 1.0, 16: 1.2, 64: 1.2}  # issue 33: kvscope / vLLM output tokens/s, equal threads
@@ -108,35 +107,6 @@ def prompts(opts: Options, concurrency: int, pair: int) -> list[list[int]]:
     rng = random.Random(f"{opts.seed}/{concurrency}/{pair}")
     return [[rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(opts.prompt_tokens)]
             for _ in range(opts.num_requests(concurrency))]
-
-
-# ---- CPU accounting --------------------------------------------------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def busy_cpu_s() -> float:
-    """Every core's busy time since boot (/proc/stat: all but idle and iowait), seconds."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK
-
-
-def group_cpu_s(pgid: int) -> float:
-    """The CPU seconds (user + system) of every live process in group ``pgid``."""
-    total = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(d.name)) != pgid:
-                continue
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        parts = stat.rsplit(")", 1)[1].split()
-        total += int(parts[11]) + int(parts[12])  # utime, stime (fields 14, 15)
-    return total / _TICK
 
 
 # ---- one run -------------------------------------------------------------------------------
@@ -204,7 +174,8 @@ def compare(opts: Options, progress=print) -> dict:
     """Start both servers (``opts.threads`` each, or each at its own default), run the
     comparison, stop them."""
     from bench.vllm_hf_dir import vllm_hf_dir
-    from bench.vllm_servers import start_kvscope, start_vllm, vllm_python, vllm_venv
+    from bench.vllm_servers import start_kvscope, start_vllm, vllm_omp_threads, vllm_python, vllm_venv
+    from engine.cpu_threads import usable_cores
 
     if vllm_python() is None:
         raise FileNotFoundError(f"no vLLM venv at {vllm_venv()}: run `make vllm-venv` "
@@ -224,24 +195,9 @@ def compare(opts: Options, progress=print) -> dict:
         with start_kvscope(extra_args=kv_args, dtype=opts.dtype) as kv:
             progress(f"  ready after {kv.startup_s:.1f} s")
             res = compare_servers(opts, vllm, kv, progress)
-            res["threads"] = {"vllm": vllm_omp_threads(vllm.log_tail(100_000)), "kvscope": kvscope_threads() if opts.engine_defaults else str(opts.threads)}
+            kv_threads = f"{usable_cores()}, governed" if opts.engine_defaults else str(opts.threads)
+            res["threads"] = {"vllm": vllm_omp_threads(vllm), "kvscope": kv_threads}  # serve's default policy
             return res
-
-
-def vllm_omp_threads(log: str) -> int | None:
-    """The OpenMP threads vLLM's CPU worker bound, from its log's binding report
-    (``core ids=[0, 1]``); None where the log has none."""
-    import re
-
-    found = re.findall(r"core ids=\[([0-9, ]*)\]", log)
-    return len([c for c in found[-1].split(",") if c.strip()]) if found else None
-
-
-def kvscope_threads() -> str:
-    """kvscope serve's own default: every usable core, governed (engine/cpu_threads.py)."""
-    from engine.cpu_threads import usable_cores
-
-    return f"{usable_cores()}, governed"
 
 
 def compare_servers(opts: Options, vllm, kv, progress=print) -> dict:

@@ -253,6 +253,13 @@ def start_vllm(model_dir: str | os.PathLike, *, num_gpu_blocks_override: int | N
     return server
 
 
+def vllm_omp_threads(server: Server) -> int | None:
+    """The OpenMP threads a started vLLM's CPU worker bound, from its log's binding report
+    (``core ids=[0, 1]``); None where the log has none."""
+    found = re.findall(r"core ids=\[([0-9, ]*)\]", server.log_path.read_text(errors="replace"))
+    return len([c for c in found[-1].split(",") if c.strip()]) if found else None
+
+
 def start_kvscope(*, num_kv_blocks: int | None = None, extra_args: tuple[str, ...] = (),
                   log_dir: str | os.PathLike | None = None, timeout: float = 300,
                   dtype: str = "float32") -> Server:
